@@ -1,0 +1,53 @@
+"""Precision policies: fp32, tf32, bf16 and fp16 with dynamic loss scaling."""
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+from flax.training import dynamic_scale
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+  """How a workload computes: activation dtype, matmul precision, loss scaling.
+
+  Parameters and optimizer state stay float32 under every policy (master
+  weights); `compute_dtype` is what the layers run in.
+  """
+
+  name: str
+  compute_dtype: Any
+  # Passed to jax.default_matmul_precision while the step is traced: 'float32'
+  # forbids tensor-float32 on matmuls and convolutions; 'tensorfloat32' is the
+  # GPU default for float32 inputs.
+  matmul_precision: str
+  loss_scaling: bool
+  description: str
+
+  def initial_scale(self) -> dynamic_scale.DynamicScale | None:
+    """The dynamic loss scale a fresh train state starts with (fp16 only)."""
+    if not self.loss_scaling:
+      return None
+    # 2**15 and a doubling every 2000 finite steps are fairseq's and apex's defaults.
+    return dynamic_scale.DynamicScale(growth_factor=2.0, backoff_factor=0.5,
+                                      growth_interval=2000, fin_steps=jnp.int32(0),
+                                      scale=jnp.float32(2.0**15))
+
+
+POLICIES = {
+    'fp32': Policy('fp32', jnp.float32, 'float32', False,
+                   'float32 everywhere, full-precision matmuls (no TF32)'),
+    'tf32': Policy('tf32', jnp.float32, 'tensorfloat32', False,
+                   'float32 storage, TF32 matmuls and convolutions (JAX GPU default)'),
+    'bf16': Policy('bf16', jnp.bfloat16, 'default', False,
+                   'bfloat16 compute, float32 master weights'),
+    'fp16': Policy('fp16', jnp.float16, 'default', True,
+                   'float16 compute, float32 master weights, dynamic loss scaling'),
+}
+
+
+def get(name: str) -> Policy:
+  try:
+    return POLICIES[name]
+  except KeyError:
+    raise ValueError(f'unknown precision {name!r}; valid: {", ".join(POLICIES)}') from None

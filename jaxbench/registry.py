@@ -1,0 +1,34 @@
+"""The workload registry: explicit imports and one dict that refuses duplicates."""
+
+from jaxbench import workload as wl
+from models import bert, transformer
+
+_REGISTRY: dict[str, wl.Workload] = {}
+
+
+def _register(*workloads: wl.Workload) -> None:
+  for w in workloads:
+    if w.name in _REGISTRY:
+      raise ValueError(f'workload {w.name!r} registered twice')
+    _REGISTRY[w.name] = w
+
+
+# One line per model family; keep the 2020 benchmark's order within each.
+_register(transformer.TRANSFORMER_BIG)
+_register(bert.BERT_BASE)
+
+
+def names() -> list[str]:
+  return sorted(_REGISTRY)
+
+
+def get(name: str) -> wl.Workload:
+  """The workload called `name`; an unknown name lists the valid ones."""
+  try:
+    return _REGISTRY[name]
+  except KeyError:
+    raise KeyError(f'unknown model {name!r}; valid models: {", ".join(names())}') from None
+
+
+def all_workloads() -> list[wl.Workload]:
+  return [_REGISTRY[n] for n in names()]

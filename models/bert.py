@@ -1,0 +1,168 @@
+"""BERT (Devlin et al. 2018): the shared encoder and BERT-base pretraining (MLM + NSP)."""
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxbench import workload as wl
+from models import transformer
+
+LN_EPS = 1e-12  # BERT's LayerNorm epsilon
+PAD = 0
+gelu = functools.partial(nn.gelu, approximate=False)  # BERT's erf GELU
+dense_init = nn.initializers.truncated_normal(0.02)
+
+
+class BertEncoder(nn.Module):
+  """Token, position and segment embeddings, then post-LN transformer layers.
+
+  Returns the hidden states and the embedding module, whose table the MLM
+  head reuses as its output projection.
+  """
+
+  cfg: Any
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, tokens_BxL, segments_BxL, train):
+    cfg = self.cfg
+    h = cfg['hidden']
+    embed = nn.Embed(cfg['vocab'], h, embedding_init=dense_init, dtype=self.dtype,
+                     name='word_embeddings')
+    positions = self.param('position_embeddings', dense_init, (cfg['max_positions'], h))
+    segment = nn.Embed(cfg['type_vocab'], h, embedding_init=dense_init, dtype=self.dtype,
+                       name='token_type_embeddings')
+    length = tokens_BxL.shape[1]
+    x = embed(tokens_BxL) + segment(segments_BxL) + positions[None, :length].astype(self.dtype)
+    x = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, name='embeddings_norm')(x)
+    x = nn.Dropout(cfg['dropout'], deterministic=not train)(x)
+    valid = tokens_BxL != PAD
+    mask = nn.make_attention_mask(valid, valid)
+    for i in range(cfg['layers']):
+      x = transformer.PostLNLayer(
+          heads=cfg['heads'], ffn=cfg['ffn'], dropout=cfg['dropout'],
+          attention_dropout=cfg['dropout'], activation=gelu, ln_eps=LN_EPS, dtype=self.dtype,
+          name=f'layer_{i}')(x, mask, train)
+    return x, embed
+
+
+class Pooler(nn.Module):
+  """Dense + tanh over the first ([CLS]) position."""
+
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, hidden_BxLxH):
+    first = hidden_BxLxH[:, 0]
+    return jnp.tanh(nn.Dense(first.shape[-1], kernel_init=dense_init, dtype=self.dtype)(first))
+
+
+class BertPretraining(nn.Module):
+  """BERT with the masked-LM head (over gathered positions) and next-sentence head."""
+
+  cfg: Any
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, batch, train):
+    hidden, embed = BertEncoder(self.cfg, self.dtype, name='bert')(
+        batch['tokens'], batch['segments'], train)
+    # Gather the masked positions before the vocabulary projection: the
+    # 30522-way softmax runs on 20 positions per sequence, not all 128.
+    picked_BxPxH = jnp.take_along_axis(hidden, batch['masked_positions'][..., None], axis=1)
+    x = nn.Dense(hidden.shape[-1], kernel_init=dense_init, dtype=self.dtype,
+                 name='mlm_transform')(picked_BxPxH)
+    x = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, name='mlm_norm')(gelu(x))
+    mlm_bias = self.param('mlm_bias', nn.initializers.zeros, (self.cfg['vocab'],))
+    mlm_logits_BxPxV = embed.attend(x) + mlm_bias.astype(self.dtype)
+    pooled = Pooler(self.dtype, name='pooler')(hidden)
+    nsp_logits_Bx2 = nn.Dense(2, kernel_init=dense_init, dtype=self.dtype, name='nsp')(pooled)
+    return mlm_logits_BxPxV, nsp_logits_Bx2
+
+
+def make_batch(cfg, rng, n):
+  """Full-length sequence pairs with `masked` gathered positions and NSP labels."""
+  tok_rng, pos_rng, lab_rng, nsp_rng = jax.random.split(rng, 4)
+  length, masked = cfg['seq_len'], cfg['masked']
+  tokens = jax.random.randint(tok_rng, (n, length), 1, cfg['vocab'], jnp.int32)
+  segments = (jnp.arange(length) >= length // 2).astype(jnp.int32)[None].repeat(n, axis=0)
+  # Distinct positions per sequence, as BERT's data pipeline draws them (never [CLS]).
+  scores = jax.random.uniform(pos_rng, (n, length - 1))
+  positions = 1 + jax.lax.top_k(scores, masked)[1].astype(jnp.int32)
+  return {
+      'tokens': tokens, 'segments': segments, 'masked_positions': positions,
+      'masked_ids': jax.random.randint(lab_rng, (n, masked), 1, cfg['vocab'], jnp.int32),
+      'masked_weights': jnp.ones((n, masked), jnp.float32),
+      'next_sentence': jax.random.bernoulli(nsp_rng, 0.5, (n,)).astype(jnp.int32),
+  }
+
+
+def cross_entropy(logits, labels):
+  """Per-example softmax cross-entropy in float32."""
+  return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+
+
+def pretraining_loss(cfg, outputs, batch):
+  del cfg
+  mlm_logits, nsp_logits = outputs
+  weights = batch['masked_weights']
+  mlm = (cross_entropy(mlm_logits, batch['masked_ids']) * weights).sum() / jnp.maximum(
+      weights.sum(), 1.0)
+  nsp = cross_entropy(nsp_logits, batch['next_sentence']).mean()
+  return mlm + nsp, {'mlm_loss': mlm, 'nsp_loss': nsp}
+
+
+def _decay_mask(params):
+  """AdamW decays every weight matrix; LayerNorm parameters and biases are exempt."""
+  def decays(path, _):
+    name = path[-1].key
+    return name not in ('bias', 'scale', 'mlm_bias')
+  return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def adamw(cfg):
+  """BERT's AdamW: linear warm-up to lr, then linear decay to 0; eps 1e-6, wd 0.01."""
+  schedule = optax.join_schedules(
+      [optax.linear_schedule(0.0, cfg['lr'], cfg['warmup']),
+       optax.linear_schedule(cfg['lr'], 0.0, max(cfg['total_steps'] - cfg['warmup'], 1))],
+      [cfg['warmup']])
+  return optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=_decay_mask)
+
+
+def encoder_flops_per_token(cfg, length):
+  """Forward matmul FLOPs of the encoder per token at sequence length `length`."""
+  h, f = cfg['hidden'], cfg['ffn']
+  return cfg['layers'] * (8 * h * h + 4 * h * f + 4 * length * h)
+
+
+def pretraining_flops(cfg):
+  h, length = cfg['hidden'], cfg['seq_len']
+  forward = (length * encoder_flops_per_token(cfg, length)
+             + cfg['masked'] * (2 * h * h + 2 * h * cfg['vocab'])  # MLM transform, projection
+             + 2 * h * h + 2 * h * 2)  # pooler, NSP
+  return 3.0 * forward
+
+
+BERT_BASE_CONFIG = dict(
+    vocab=30522, hidden=768, layers=12, heads=12, ffn=3072, max_positions=512, type_vocab=2,
+    dropout=0.1, seq_len=128, masked=20,
+    lr=1e-4, warmup=10000, total_steps=1000000,
+)
+BERT_TINY = dict(vocab=128, hidden=32, layers=2, heads=4, ffn=64, max_positions=32,
+                 seq_len=16, masked=4, lr=1e-3, warmup=1, total_steps=1000)
+
+BERT_BASE = wl.Workload(
+    name='bert_base',
+    description='BERT-base uncased pretraining at sequence length 128 (MLM on 20 positions + NSP)',
+    unit='sequences',
+    throughput_unit='sequences/s',
+    config=BERT_BASE_CONFIG,
+    tiny=BERT_TINY,
+    trainer=wl.supervised(lambda cfg, dtype: BertPretraining(cfg, dtype), make_batch,
+                          pretraining_loss, adamw),
+    flops_per_example=pretraining_flops,
+)

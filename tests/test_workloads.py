@@ -1,0 +1,40 @@
+"""Every registered workload at its tiny preset: builds, steps, and learns a fixed batch."""
+
+import jax
+import numpy as np
+import pytest
+
+from jaxbench import precision, registry
+
+LEARN_STEPS = 30
+
+
+def _tiny_trainer(w, policy='fp32'):
+  return w.trainer(w.resolve(tiny=True), precision.get(policy))
+
+
+@pytest.mark.parametrize('name', registry.names())
+def test_loss_falls_on_a_fixed_batch(name):
+  w = registry.get(name)
+  trainer = _tiny_trainer(w)
+  rng = jax.random.key(0)
+  state = jax.jit(trainer.init)(rng)
+  batch = jax.jit(trainer.make_batch, static_argnums=1)(jax.random.key(1), 2)
+  step = jax.jit(trainer.step)
+  losses = []
+  for _ in range(LEARN_STEPS):
+    state, metrics = step(state, batch, rng)
+    losses.append(float(metrics['loss']))
+  assert np.all(np.isfinite(losses)), losses
+  # Dropout makes single steps noisy: compare the means of the first and last five.
+  assert np.mean(losses[-5:]) < 0.9 * np.mean(losses[:5]), losses
+
+
+@pytest.mark.parametrize('name', registry.names())
+def test_describe_counts_without_allocating(name):
+  w = registry.get(name)
+  trainer = _tiny_trainer(w)
+  shapes = jax.eval_shape(trainer.init, jax.random.key(0))
+  assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(shapes))
+  assert w.flops_per_example(w.resolve(tiny=True)) > 0
+  assert w.example_size(w.config) >= 1
