@@ -74,6 +74,9 @@ class Workload:
   units_per_example: Callable[[Config], float] = _one
   default_precision: str = 'fp32'
   family: str = 'language'  # 'image' or 'language'
+  # GANs: the combined loss of two competing networks need not fall on a fixed
+  # batch; their own tests check each network's loss with the other frozen.
+  adversarial: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, 'config', types.MappingProxyType(dict(self.config)))

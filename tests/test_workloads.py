@@ -26,6 +26,8 @@ def test_loss_falls_on_a_fixed_batch(name):
     state, metrics = step(state, batch, rng)
     losses.append(float(metrics['loss']))
   assert np.all(np.isfinite(losses)), losses
+  if w.adversarial:
+    return  # tests/models checks each network's loss with the other frozen
   # Dropout makes single steps noisy: compare the means of the first and last five.
   assert np.mean(losses[-5:]) < 0.9 * np.mean(losses[:5]), losses
 
