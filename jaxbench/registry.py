@@ -1,7 +1,10 @@
 """The workload registry: explicit imports and one dict that refuses duplicates."""
 
 from jaxbench import workload as wl
-from models import bert, transformer
+from models import bert, nasnet, transformer
+from models import fconv
+from models import deeplab
+from models import mt_dnn
 
 _REGISTRY: dict[str, wl.Workload] = {}
 
@@ -15,7 +18,11 @@ def _register(*workloads: wl.Workload) -> None:
 
 # One line per model family; keep the 2020 benchmark's order within each.
 _register(transformer.TRANSFORMER_BIG)
-_register(bert.BERT_BASE)
+_register(fconv.FCONV_WMT_EN_DE)
+_register(bert.BERT_BASE, bert.BERT_SQUAD)
+_register(mt_dnn.MT_DNN)
+_register(deeplab.DEEPLABV3)
+_register(nasnet.NASNET_LARGE)
 
 
 def names() -> list[str]:
