@@ -1,0 +1,1 @@
+"""absl flag definitions, grouped by concern. These modules import nothing but absl."""

@@ -1,0 +1,133 @@
+"""One benchmark run of one workload: search (or a fixed batch), then timing; a result dict."""
+
+import dataclasses
+import datetime
+import sys
+from typing import Any
+
+import jax
+
+import jaxbench
+from jaxbench import backend, precision, program as prog, search, timing
+from jaxbench import workload as wl
+
+SCHEMA = 'jaxbench.result/1'
+# Without a GPU the search has no device memory to fill; it uses this budget of
+# compile-time predicted peak instead, so the command still ends in minutes.
+CPU_DEFAULT_BUDGET_GB = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  precision: str | None = None  # None: the workload's 2020 default
+  tiny: bool = False
+  overrides: tuple[tuple[str, str], ...] = ()
+  batch_size: int | None = None  # in the workload's unit; None: search
+  warmup_steps: int = 3
+  steps: int = 20
+  windows: int = 5
+  seed: int = 0
+  max_examples: int = 1 << 20
+  verify_predicted_oom: bool = False
+
+
+def device_info() -> dict[str, Any]:
+  dev = jax.devices()[0]
+  stats = prog.device_memory() or {}
+  return {'platform': dev.platform, 'kind': dev.device_kind, 'count': jax.device_count(),
+          'pool_bytes': stats.get('bytes_limit')}
+
+
+def examples_for(w: wl.Workload, cfg: wl.Config, batch: int) -> int:
+  return batch // w.example_size(cfg)
+
+
+def memory_budget(memory: backend.MemorySetup, on_gpu: bool) -> tuple[int | None, str]:
+  """The bytes a program may use, and how that budget is enforced."""
+  stats = prog.device_memory()
+  if on_gpu and stats and 'bytes_limit' in stats:
+    # The allocator's pool is already capped to the limit (backend.configure).
+    return stats['bytes_limit'] - stats.get('bytes_in_use', 0), 'allocator'
+  if memory.limit_bytes is not None:
+    return memory.limit_bytes, 'compile-time analysis'
+  if on_gpu:
+    return None, 'runtime only'
+  return int(CPU_DEFAULT_BUDGET_GB * 1e9), f'compile-time analysis (CPU default {CPU_DEFAULT_BUDGET_GB} GB)'
+
+
+def run(w: wl.Workload, opts: Options, memory: backend.MemorySetup, log=print) -> dict[str, Any]:
+  """Search the max batch (or take opts.batch_size), time it, and return the result."""
+  policy = precision.get(opts.precision or w.default_precision)
+  cfg = w.resolve(tiny=opts.tiny, overrides=dict(opts.overrides))
+  dev = device_info()
+  on_gpu = dev['platform'] == 'gpu'
+  budget, enforced = memory_budget(memory, on_gpu)
+  result: dict[str, Any] = {
+      'schema': SCHEMA,
+      'timestamp': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+      'jaxbench_version': jaxbench.__version__, 'jax_version': jax.__version__,
+      'python': sys.version.split()[0], 'device': dev,
+      'workload': w.name, 'unit': w.unit, 'throughput_unit': w.throughput_unit,
+      'precision': policy.name, 'tiny': opts.tiny, 'config': dict(cfg),
+      'memory': {'limit_bytes': memory.limit_bytes, 'budget_bytes': budget,
+                 'enforced_by': enforced, 'remat': memory.remat},
+  }
+  program = prog.Program(w, cfg, policy, seed=opts.seed)
+  result['params'] = program.param_counts()
+  if opts.batch_size is not None:
+    n = examples_for(w, cfg, opts.batch_size)
+    trial, compiled = search.probe(program, n, budget, verify_predicted_oom=opts.verify_predicted_oom)
+    log(_trial_line(w, trial))
+    found = search.Result(n if trial.fits else 0, [trial], 0.0, budget, compiled,
+                          trial.detail if trial.outcome == search.ERROR else None)
+    result['search'] = {'mode': 'fixed'}
+  else:
+    found = search.find_max_batch(program, budget, opts.max_examples, opts.verify_predicted_oom,
+                                  on_trial=lambda t: log(_trial_line(w, t)))
+    result['search'] = {'mode': 'search'}
+  result['search'].update(
+      trials=[dataclasses.asdict(t) for t in found.trials], seconds=round(found.seconds, 2),
+      compiles=sum(t.compile_s is not None for t in found.trials))
+  result['max_examples'] = found.max_examples
+  result['max_batch'] = found.max_examples * w.example_size(cfg)
+  if found.error is not None:
+    return {**result, 'status': 'error', 'error': found.error}
+  if found.best is None:
+    return {**result, 'status': 'oom', 'error': 'not even one example fits'
+            if opts.batch_size is None else found.trials[-1].detail}
+  m = timing.measure(program, found.best, opts.warmup_steps, opts.steps, opts.windows)
+  flops_per_step = w.flops_per_example(cfg) * m.examples
+  units_per_step = w.units_per_example(cfg) * m.examples
+  result['measurement'] = {
+      'batch': m.examples * w.example_size(cfg), 'examples': m.examples,
+      'warmup_steps': m.warmup_steps, 'steps_per_window': m.steps_per_window,
+      'window_step_s': [round(t, 6) for t in m.window_step_s],
+      'median_step_s': m.median_step_s, 'spread_pct': round(m.spread_pct, 2),
+      'steps_per_s': 1.0 / m.median_step_s,
+      'units_per_s': units_per_step / m.median_step_s,
+      'flops_per_step': flops_per_step,
+      'tflops_per_s': flops_per_step / m.median_step_s / 1e12,
+      'final_loss': m.final_loss,
+      'predicted_peak_bytes': found.best.peak_bytes,
+      'process_peak_bytes': m.process_peak_bytes,
+      'compile_s': found.best.compile_s,
+  }
+  if not m.finite:
+    # A diverged run measures nothing worth reporting.
+    for key in ('steps_per_s', 'units_per_s', 'tflops_per_s'):
+      result['measurement'][key] = None
+    return {**result, 'status': 'invalid', 'error': f'loss not finite after timing: {m.final_loss}'}
+  return {**result, 'status': 'ok', 'error': None}
+
+
+def _trial_line(w: wl.Workload, t: search.Trial) -> str:
+  peak = '' if t.predicted_peak_bytes is None else f' peak {t.predicted_peak_bytes / 1e9:.2f} GB'
+  comp = '' if t.compile_s is None else f' compile {t.compile_s:.1f}s'
+  why = f' ({t.detail})' if t.detail and not t.fits else ''
+  return f'  {w.name}: batch {t.batch} {w.unit}: {t.outcome}{peak}{comp}{why}'
+
+
+def resolve_tiny(opts: Options, tiny_flag: bool | None) -> Options:
+  """--tiny defaults to on without a GPU, so a CPU run ends in minutes."""
+  tiny = tiny_flag if tiny_flag is not None else jax.devices()[0].platform != 'gpu'
+  return dataclasses.replace(opts, tiny=tiny)

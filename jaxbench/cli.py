@@ -1,0 +1,87 @@
+"""Command-line validation: every bad input becomes one UsageError line, before any work."""
+
+import dataclasses
+import os
+
+from jaxbench import bench, precision, registry
+from jaxbench import workload as wl
+
+
+class UsageError(Exception):
+  """Bad input: main prints it as one line and exits with status 2."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  action: str  # 'list', 'describe' or 'run'
+  workloads: tuple[wl.Workload, ...]
+  options: bench.Options
+  memory_limit_gb: float | None = None
+  remat: bool = False
+  output: str | None = None
+  compilation_cache_dir: str | None = None
+
+
+def parse_overrides(items: list[str]) -> tuple[tuple[str, str], ...]:
+  pairs = []
+  for item in items:
+    key, sep, value = item.partition('=')
+    if not sep or not key:
+      raise UsageError(f'--set expects KEY=VALUE, got {item!r}')
+    pairs.append((key.strip(), value.strip()))
+  return tuple(pairs)
+
+
+def resolve_models(names: list[str]) -> tuple[wl.Workload, ...]:
+  if names == ['all']:
+    return tuple(registry.all_workloads())
+  try:
+    return tuple(registry.get(n) for n in dict.fromkeys(names))
+  except KeyError as e:
+    raise UsageError(e.args[0]) from None
+
+
+def plan(f) -> Plan:
+  """Check the parsed flags (an object with the flag values as attributes)."""
+  if f.list_models and (f.describe or f.model):
+    raise UsageError('--list_models takes no --model or --describe')
+  if f.list_models:
+    return Plan('list', tuple(registry.all_workloads()), bench.Options())
+  if not f.model and not f.describe:
+    raise UsageError('choose a workload with --model=NAME (or --model=all); --list_models lists them')
+  workloads = resolve_models(f.model) if f.model else tuple(registry.all_workloads())
+  if f.precision is not None and f.precision not in precision.POLICIES:
+    raise UsageError(f'unknown precision {f.precision!r}; valid: {", ".join(precision.POLICIES)}')
+  for name, value, least in (('warmup_steps', f.warmup_steps, 0), ('steps', f.steps, 1),
+                             ('windows', f.windows, 1), ('max_examples', f.max_examples, 1)):
+    if value < least:
+      raise UsageError(f'--{name} must be at least {least}, got {value}')
+  if f.steps < f.windows:
+    raise UsageError(f'--steps ({f.steps}) must be at least --windows ({f.windows})')
+  if f.batch_size is not None and f.batch_size <= 0:
+    raise UsageError(f'--batch_size must be positive, got {f.batch_size}')
+  if f.memory_limit_gb is not None and f.memory_limit_gb <= 0:
+    raise UsageError(f'--memory_limit_gb must be positive, got {f.memory_limit_gb}')
+  if f.describe and (f.batch_size is not None or f.output):
+    raise UsageError('--describe runs nothing: it takes no --batch_size or --output')
+  overrides = parse_overrides(f.set)
+  for w in workloads:
+    try:
+      cfg = w.resolve(tiny=bool(f.tiny), overrides=dict(overrides))
+    except ValueError as e:
+      raise UsageError(str(e)) from None
+    if f.batch_size is not None and f.batch_size < w.example_size(cfg):
+      raise UsageError(f'--batch_size={f.batch_size} is less than one example of {w.name} '
+                       f'({w.example_size(cfg)} {w.unit})')
+  if f.output:
+    parent = os.path.dirname(os.path.abspath(f.output))
+    if not os.path.isdir(parent):
+      raise UsageError(f'--output: directory {parent} does not exist')
+    if os.path.isdir(f.output):
+      raise UsageError(f'--output: {f.output} is a directory')
+  options = bench.Options(
+      precision=f.precision, tiny=bool(f.tiny), overrides=overrides, batch_size=f.batch_size,
+      warmup_steps=f.warmup_steps, steps=f.steps, windows=f.windows, seed=f.seed,
+      max_examples=f.max_examples, verify_predicted_oom=f.verify_predicted_oom)
+  return Plan('describe' if f.describe else 'run', workloads, options, f.memory_limit_gb, f.remat,
+              f.output, f.compilation_cache_dir)

@@ -1,0 +1,112 @@
+"""A workload's train step compiled at one batch size, its memory forecast, and its run."""
+
+import dataclasses
+import functools
+import gc
+import re
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxbench import precision
+from jaxbench import workload as wl
+
+# Messages that mean "the device ran out of memory". cuDNN and cuBLAS report a
+# failed workspace allocation under memory pressure in their own words, and XLA's
+# autotuner passes those on; they are out-of-memory too, not bugs.
+_OOM_PATTERNS = re.compile(
+    r'RESOURCE_EXHAUSTED|out of memory|OOM when allocating|Failed to allocate|'
+    r'CUDNN_STATUS_ALLOC_FAILED|CUBLAS_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY|'
+    r'cudaErrorMemoryAllocation|Allocator .* ran out of memory', re.IGNORECASE)
+
+
+def is_oom(error: BaseException) -> bool:
+  """Whether an exception from compiling or running XLA code is an out-of-memory."""
+  return isinstance(error, MemoryError) or bool(_OOM_PATTERNS.search(str(error)))
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+  text = str(error).strip().splitlines()
+  return (f'{type(error).__name__}: {text[0] if text else ""}')[:limit]
+
+
+@dataclasses.dataclass
+class Compiled:
+  """The step compiled for `n` examples, with XLA's memory forecast."""
+
+  n: int
+  executable: Any
+  compile_s: float
+  peak_bytes: int  # predicted device peak: arguments + outputs + temporaries - aliased
+  temp_bytes: int
+  argument_bytes: int
+
+
+class Program:
+  """Compiles and runs one workload's step at any batch size (one config, one policy)."""
+
+  def __init__(self, workload: wl.Workload, cfg: wl.Config, policy: precision.Policy,
+               seed: int = 0):
+    self.workload, self.cfg, self.policy = workload, cfg, policy
+    self.trainer = workload.trainer(cfg, policy)
+    self.rng = jax.random.key(seed)
+    self.state_shapes = jax.eval_shape(self.trainer.init, self.rng)
+    # The state is donated: the step updates parameters and optimizer state in
+    # place, so XLA may reuse their memory instead of holding two copies.
+    self._step = jax.jit(self.trainer.step, donate_argnums=(0,))
+    self._init = jax.jit(self.trainer.init)
+    self._batch = jax.jit(self.trainer.make_batch, static_argnums=(1,))
+
+  def param_counts(self) -> dict[str, int]:
+    return wl.param_counts(self.trainer, self.state_shapes)
+
+  def compile(self, n: int) -> Compiled:
+    """Lower and compile the step for n examples; raises on failure (OOM included)."""
+    batch_shapes = jax.eval_shape(functools.partial(self.trainer.make_batch, n=n), self.rng)
+    start = time.perf_counter()
+    with jax.default_matmul_precision(self.policy.matmul_precision):
+      executable = self._step.lower(self.state_shapes, batch_shapes, self.rng).compile()
+    compile_s = time.perf_counter() - start
+    mem = executable.memory_analysis()
+    peak = temp = args = 0
+    if mem is not None:
+      temp, args = int(mem.temp_size_in_bytes), int(mem.argument_size_in_bytes)
+      peak = int(getattr(mem, 'peak_memory_in_bytes', 0) or 0)
+      if peak <= 0:
+        peak = (args + int(mem.output_size_in_bytes) + temp - int(mem.alias_size_in_bytes)
+                + int(mem.generated_code_size_in_bytes))
+    return Compiled(n=n, executable=executable, compile_s=compile_s, peak_bytes=peak,
+                    temp_bytes=temp, argument_bytes=args)
+
+  def materialize(self, n: int):
+    """Fresh state and a batch of n examples on the device, built by jitted functions."""
+    state = self._init(self.rng)
+    batch = self._batch(jax.random.fold_in(self.rng, 1), n)
+    return state, batch
+
+  def run(self, compiled: Compiled, steps: int) -> float:
+    """Run `steps` steps from a fresh state; returns the last loss. Frees everything after."""
+    state = batch = metrics = None
+    try:
+      state, batch = self.materialize(compiled.n)
+      for _ in range(steps):
+        state, metrics = compiled.executable(state, batch, self.rng)
+      return float(np.asarray(metrics['loss']))
+    finally:
+      del state, batch, metrics
+      release()
+
+
+def release() -> None:
+  """Drop what a finished or failed trial left on the device."""
+  gc.collect()
+
+
+def device_memory() -> dict[str, int] | None:
+  """The allocator's statistics for device 0 (None on backends without them, e.g. CPU)."""
+  stats = jax.devices()[0].memory_stats()
+  if not stats:
+    return None
+  return {k: int(v) for k, v in stats.items() if isinstance(v, (int, float))}

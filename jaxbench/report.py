@@ -1,0 +1,73 @@
+"""Results as a short table for people and as JSON Lines for programs."""
+
+import json
+import os
+from typing import Any, Iterable
+
+COLUMNS = ('workload', 'precision', 'device', 'max batch', 'steps/s', 'throughput',
+           'step ms (spread)', 'peak GB', 'compile s', 'TFLOP/s', 'status')
+
+
+def _fmt(value, spec, missing='-'):
+  return missing if value is None else format(value, spec)
+
+
+def row(result: dict[str, Any]) -> tuple[str, ...]:
+  m = result.get('measurement') or {}
+  dev = result['device']
+  device = dev['kind'] if dev['platform'] == 'gpu' else f"{dev['platform'].upper()} ({dev['kind']})"
+  batch = f"{result.get('max_batch', 0)} {result['unit']}"
+  if result['search']['mode'] == 'fixed':
+    batch += ' (fixed)'
+  units = m.get('units_per_s')
+  throughput = '-' if units is None else f"{units:,.1f} {result['throughput_unit']}"
+  step = m.get('median_step_s')
+  step_txt = '-' if step is None else f"{1e3 * step:.2f} (±{m['spread_pct'] / 2:.1f}%)"
+  peak = m.get('predicted_peak_bytes')
+  status = result['status'] if not result.get('error') else f"{result['status']}: {result['error']}"
+  return (result['workload'], result['precision'], device, batch, _fmt(m.get('steps_per_s'), '.3f'),
+          throughput, step_txt, _fmt(None if peak is None else peak / 1e9, '.2f'),
+          _fmt(m.get('compile_s'), '.1f'), _fmt(m.get('tflops_per_s'), '.1f'), status[:80])
+
+
+def table(results: Iterable[dict[str, Any]]) -> str:
+  rows = [COLUMNS] + [row(r) for r in results]
+  widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+  lines = ['  '.join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+  lines.insert(1, '  '.join('-' * w for w in widths))
+  return '\n'.join(lines)
+
+
+def append_jsonl(path: str, result: dict[str, Any]) -> None:
+  """Append one result as one line, in a single write, flushed to disk.
+
+  One os.write of a whole line on a file opened with O_APPEND lands whole or
+  not at all, so a reader never sees half a result, even if we are killed.
+  """
+  line = (json.dumps(result, sort_keys=True, default=str) + '\n').encode()
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  try:
+    written = os.write(fd, line)
+    if written != len(line):
+      raise OSError(f'short write to {path}: {written} of {len(line)} bytes')
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def notes(results: Iterable[dict[str, Any]]) -> str:
+  """Plain-language notes under the table: where it ran and how memory was bounded."""
+  out = []
+  for r in results:
+    dev, mem = r['device'], r['memory']
+    if dev['platform'] != 'gpu':
+      out.append(f"{r['workload']}: ran on the {dev['platform'].upper()}, not a GPU"
+                 f"{' (tiny preset)' if r['tiny'] else ''}; figures are not comparable with GPU runs.")
+    limit = mem['limit_bytes']
+    budget = mem['budget_bytes']
+    out.append(f"{r['workload']}: memory {'limit ' + format(limit / 1e9, '.1f') + ' GB' if limit else 'full device'}"
+               f", budget {'-' if budget is None else format(budget / 1e9, '.2f') + ' GB'}"
+               f" enforced by {mem['enforced_by']}; XLA rematerialization {'on' if mem['remat'] else 'off'}"
+               f"; search {r['search']['mode']}, {len(r['search']['trials'])} trials,"
+               f" {r['search']['seconds']:.1f} s.")
+  return '\n'.join(out)

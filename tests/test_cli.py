@@ -1,0 +1,101 @@
+"""The command line: one clear line and status 2 for bad input, results as JSON lines."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxbench import registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def jaxbench(*args, timeout=600):
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
+  return subprocess.run([sys.executable, '-m', 'jaxbench.main', *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize('args, says', [
+    (['--model=resnet_9000'], 'valid models: '),
+    (['--model=bert_base', '--batch_size=0'], 'batch_size must be positive'),
+    (['--model=bert_base', '--batch_size=-4'], 'batch_size must be positive'),
+    (['--model=bert_base', '--precision=fp64'], 'unknown precision'),
+    (['--list_models', '--model=bert_base'], '--list_models takes no'),
+    (['--model=bert_base', '--describe', '--batch_size=8'], '--describe runs nothing'),
+    (['--model=bert_base', '--steps=2', '--windows=5'], 'at least --windows'),
+    (['--model=bert_base', '--memory_limit_gb=0'], 'memory_limit_gb must be positive'),
+    (['--model=bert_base', '--set=no_such_key=3'], 'no config key'),
+    (['--model=bert_base', '--set=oops'], 'KEY=VALUE'),
+    (['--model=transformer_big', '--batch_size=10'], 'less than one example'),
+    (['--model=bert_base', '--output=/no/such/dir/out.jsonl'], 'does not exist'),
+    (['--model=bert_base', '--steps=many'], 'steps'),
+    (['--no_such_flag'], 'no_such_flag'),
+    ([], '--model'),
+    (['--model=bert_base', 'stray'], 'unexpected arguments'),
+])
+def test_bad_input_is_one_line_and_status_2(args, says, tmp_path):
+  out = tmp_path / 'r.jsonl'
+  r = jaxbench(*args, f'--output={out}' if not any('output' in a for a in args) and args
+               and '--describe' not in args and '--list_models' not in args else '--seed=0')
+  assert r.returncode == 2, (r.returncode, r.stderr)
+  lines = r.stderr.strip().splitlines()
+  assert len(lines) == 1 and 'Traceback' not in r.stderr, r.stderr
+  assert says in lines[0], lines[0]
+  assert not out.exists()  # nothing half-written
+
+
+def test_list_models_names_every_workload():
+  r = jaxbench('--list_models')
+  assert r.returncode == 0, r.stderr
+  listed = [line.split()[0] for line in r.stdout.strip().splitlines()]
+  assert listed == registry.names()
+
+
+def test_describe_gives_exact_parameter_counts():
+  r = jaxbench('--model=bert_base,transformer_big', '--describe')
+  assert r.returncode == 0, r.stderr
+  described = {d['name']: d for d in map(json.loads, r.stdout.strip().splitlines())}
+  assert described['bert_base']['params'] == 110_106_428  # HF BertForPreTraining
+  assert described['transformer_big']['params'] == 209_911_808
+  assert described['transformer_big']['unit'] == 'tokens'
+  assert described['bert_base']['config']['seq_len'] == 128
+
+
+@pytest.mark.slow
+def test_fixed_batch_run_appends_one_json_line_with_every_field(tmp_path):
+  out = tmp_path / 'r.jsonl'
+  out.write_text('{"earlier": "result"}\n')
+  r = jaxbench('--model=bert_base', '--tiny', '--batch_size=4', '--steps=2', '--windows=2',
+               '--warmup_steps=1', '--precision=bf16', f'--output={out}')
+  assert r.returncode == 0, r.stderr
+  lines = out.read_text().splitlines()
+  assert len(lines) == 2
+  result = json.loads(lines[1])
+  assert result['schema'] == 'jaxbench.result/1'
+  assert result['status'] == 'ok' and result['precision'] == 'bf16'
+  assert result['max_batch'] == 4 and result['search']['mode'] == 'fixed'
+  m = result['measurement']
+  assert m['examples'] == 4 and len(m['window_step_s']) == 2
+  assert m['units_per_s'] == pytest.approx(4 / m['median_step_s'])
+  assert m['tflops_per_s'] > 0 and m['predicted_peak_bytes'] > 0
+  assert result['device']['platform'] == 'cpu'
+  assert 'ran on the CPU' in r.stdout and 'sequences/s' in r.stdout
+
+
+@pytest.mark.slow
+def test_search_on_the_cpu_under_a_memory_limit(tmp_path):
+  out = tmp_path / 'r.jsonl'
+  r = jaxbench('--model=transformer_big', '--tiny', '--memory_limit_gb=0.002', '--steps=2',
+               '--windows=1', '--warmup_steps=0', f'--output={out}')
+  assert r.returncode == 0, r.stderr
+  result = json.loads(out.read_text())
+  trials = result['search']['trials']
+  assert result['status'] == 'ok' and result['max_examples'] >= 1
+  fit = [t['examples'] for t in trials if t['outcome'] == 'fits']
+  fail = [t['examples'] for t in trials if t['outcome'] != 'fits']
+  assert max(fit) == result['max_examples'] and min(fail) == result['max_examples'] + 1
+  assert all(t['predicted_peak_bytes'] <= 2e6 for t in trials if t['outcome'] == 'fits')
+  assert result['max_batch'] == result['max_examples'] * result['config']['src_len']

@@ -1,0 +1,168 @@
+"""The max-batch search: doubling, the line jump, bisection, the boundary, OOM handling."""
+
+import gc
+
+import jax
+import pytest
+
+from jaxbench import bench, program as prog, search
+from jaxbench import workload as wl
+from models import transformer
+
+
+class FakeProgram:
+  """A program whose memory is peak = a + b*n (+ a bump past `kink`), no XLA involved.
+
+  `true_limit` is where running really fails (the device); the search only
+  sees the budget it is given and the predicted peaks.
+  """
+
+  def __init__(self, a=100, b=10, kink=None, bump=0, run_fails_above=None, compile_fails_above=None,
+               error_at=None, example_size=1):
+    self.a, self.b, self.kink, self.bump = a, b, kink, bump
+    self.run_fails_above = run_fails_above
+    self.compile_fails_above = compile_fails_above
+    self.error_at = error_at
+    self.workload = wl.Workload(
+        name='fake', description='', unit='tokens', throughput_unit='tokens/s', config={},
+        tiny={}, trainer=None, flops_per_example=lambda cfg: 1.0,
+        example_size=lambda cfg: example_size)
+    self.cfg = {}
+    self.compiled, self.ran = [], []
+
+  def peak(self, n):
+    return self.a + self.b * n + (self.bump if self.kink is not None and n > self.kink else 0)
+
+  def compile(self, n):
+    self.compiled.append(n)
+    if self.error_at == n:
+      raise ValueError('shape mismatch in dot_general')
+    if self.compile_fails_above is not None and n > self.compile_fails_above:
+      raise RuntimeError('RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.0GiB.')
+    return prog.Compiled(n=n, executable=None, compile_s=0.0, peak_bytes=self.peak(n),
+                         temp_bytes=0, argument_bytes=0)
+
+  def run(self, compiled, steps):
+    self.ran.append(compiled.n)
+    if self.run_fails_above is not None and compiled.n > self.run_fails_above:
+      raise RuntimeError('INTERNAL: Failed to autotune: CUDNN_STATUS_ALLOC_FAILED')
+    return 1.0
+
+
+def test_line_jump_finds_exact_boundary_in_few_compiles():
+  p = FakeProgram(a=1000, b=7)
+  budget = 1000 + 7 * 12345 + 3  # 12345 fits, 12346 does not
+  r = search.find_max_batch(p, budget)
+  assert r.max_examples == 12345
+  assert r.error is None and r.best.n == 12345
+  # 1, 2, the predicted boundary and its failing neighbour.
+  assert len(r.trials) <= 5, [t.examples for t in r.trials]
+  assert {t.outcome for t in r.trials if t.examples == 12346} == {search.OOM_PREDICTED}
+  assert 12346 not in p.ran  # predicted out of memory: not run
+
+
+def test_bisection_when_the_line_is_wrong():
+  # A jump in memory past n=300 (XLA switched algorithms) defeats the line.
+  p = FakeProgram(a=0, b=10, kink=300, bump=2000)
+  budget = 10 * 500
+  r = search.find_max_batch(p, budget)
+  expected = max(n for n in range(1, 1000) if p.peak(n) <= budget)
+  assert r.max_examples == expected == 300
+  assert len(r.trials) < 20
+
+
+def test_doubling_without_a_budget_relies_on_real_runs():
+  p = FakeProgram(run_fails_above=37)
+  r = search.find_max_batch(p, budget_bytes=None)
+  assert r.max_examples == 37
+  ns = [t.examples for t in r.trials]
+  assert ns[:7] == [1, 2, 4, 8, 16, 32, 64]  # doubling until the first failure
+  assert {t.outcome for t in r.trials if t.examples > 37} == {search.OOM_RUN}
+
+
+def test_runtime_oom_below_predicted_budget_counts():
+  # The forecast says it fits, the device disagrees (e.g. fragmentation): the device wins.
+  p = FakeProgram(a=0, b=1, run_fails_above=50)
+  r = search.find_max_batch(p, budget_bytes=1000)
+  assert r.max_examples == 50
+
+
+def test_compile_time_oom_is_out_of_memory_not_error():
+  p = FakeProgram(a=0, b=1, compile_fails_above=20)
+  r = search.find_max_batch(p, budget_bytes=None)
+  assert r.max_examples == 20 and r.error is None
+  assert search.OOM_COMPILE in {t.outcome for t in r.trials}
+
+
+def test_other_errors_stop_the_search_as_errors():
+  p = FakeProgram(error_at=4)
+  r = search.find_max_batch(p, budget_bytes=None)
+  assert r.error is not None and 'shape mismatch' in r.error
+  assert r.trials[-1].outcome == search.ERROR
+  assert r.max_examples == 2  # what was known to fit before the error
+
+
+def test_nothing_fits():
+  p = FakeProgram(a=500, b=1)
+  r = search.find_max_batch(p, budget_bytes=100)
+  assert r.max_examples == 0 and r.best is None and len(r.trials) == 1
+
+
+def test_batch_is_reported_in_the_workload_unit():
+  p = FakeProgram(a=0, b=1, example_size=30)
+  r = search.find_max_batch(p, budget_bytes=100)
+  assert r.max_examples == 100
+  assert r.trials[0].batch == 30  # one sentence of 30 tokens
+
+
+def test_verify_predicted_oom_runs_the_oversize_batch():
+  p = FakeProgram(a=0, b=1, run_fails_above=10)
+  r = search.find_max_batch(p, budget_bytes=10, verify_predicted_oom=True)
+  assert r.max_examples == 10
+  assert 11 in p.ran  # the failing neighbour was really run
+
+
+@pytest.mark.parametrize('message, oom', [
+    ('RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123 bytes', True),
+    ('INTERNAL: CUDNN_STATUS_ALLOC_FAILED in autotuning', True),
+    ('INTERNAL: Failed to allocate 1073741824 bytes for new constant', True),
+    ('INVALID_ARGUMENT: Incompatible shapes for broadcasting', False),
+    ('INTERNAL: cuDNN launch failure: CUDNN_STATUS_EXECUTION_FAILED', False),
+])
+def test_oom_classification(message, oom):
+  assert prog.is_oom(RuntimeError(message)) is oom
+
+
+def test_max_batch_found_then_measured_on_the_real_tiny_transformer():
+  """End to end on XLA:CPU: the boundary under a budget is exact and the max runs again."""
+  w = transformer.TRANSFORMER_BIG
+  cfg = w.resolve(tiny=True)
+  p = prog.Program(w, cfg, bench.precision.get('fp32'))
+  peaks = {n: p.compile(n).peak_bytes for n in (8, 9)}
+  budget = peaks[8]  # 8 sentences fit exactly, 9 do not
+  assert peaks[9] > peaks[8]
+  r = search.find_max_batch(p, budget)
+  assert r.max_examples == 8, [(t.examples, t.outcome) for t in r.trials]
+  m = bench.timing.measure(p, r.best, warmup_steps=1, steps=2, windows=2)
+  assert m.finite and len(m.window_step_s) == 2
+
+
+def test_a_failed_trial_leaves_no_arrays_behind():
+  """After an out-of-memory at run time nothing of the trial stays alive on the device."""
+  w = transformer.TRANSFORMER_BIG
+  p = prog.Program(w, w.resolve(tiny=True), bench.precision.get('fp32'))
+  compiled = p.compile(2)
+  real = compiled.executable
+
+  def fails_after_one_step(state, batch, rng):
+    out = real(state, batch, rng)  # allocates a new state, as a real step does
+    del out
+    raise RuntimeError('RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1 bytes')
+
+  compiled.executable = fails_after_one_step
+  p.compile = lambda n: compiled
+  gc.collect()
+  before = len(jax.live_arrays())
+  trial, best = search.probe(p, 2, budget_bytes=None)
+  assert trial.outcome == search.OOM_RUN and best is None
+  assert len(jax.live_arrays()) == before
