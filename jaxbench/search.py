@@ -35,6 +35,9 @@ class Trial:
   run_s: float | None = None
   detail: str = ''
   process_peak_bytes: int | None = None  # the allocator's peak so far (GPU only)
+  # Device bytes still in use after the trial was released: equal before and
+  # after every trial when nothing leaks (GPU only).
+  bytes_in_use_after: int | None = None
 
   @property
   def fits(self) -> bool:
@@ -54,6 +57,14 @@ class Result:
 def probe(program: prog.Program, n: int, budget_bytes: int | None, run_steps: int = 2,
           verify_predicted_oom: bool = False) -> tuple[Trial, prog.Compiled | None]:
   """Compile (and unless predicted out of memory, run) the step at n examples."""
+  trial, compiled = _probe(program, n, budget_bytes, run_steps, verify_predicted_oom)
+  stats = prog.device_memory()
+  if stats:
+    trial.bytes_in_use_after = stats.get('bytes_in_use')
+  return trial, compiled
+
+
+def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom):
   batch = n * program.workload.example_size(program.cfg)
   try:
     compiled = program.compile(n)
@@ -91,19 +102,49 @@ def probe(program: prog.Program, n: int, budget_bytes: int | None, run_steps: in
   return trial, compiled
 
 
-def _line_guess(trials: list[Trial], budget: int | None, lo: int, hi: int | None) -> int | None:
-  """The largest n whose predicted peak fits, from a line through two probes near the boundary."""
-  points = sorted({t.examples: t.predicted_peak_bytes for t in trials
-                   if t.predicted_peak_bytes}.items())
-  if budget is None or len(points) < 2:
+def _line_guess(trials: list[Trial], budget: int | None) -> int | None:
+  """The largest n whose predicted peak fits, from a line through two probes.
+
+  The two largest probes that fit are preferred: memory is linear in n only
+  piecewise (XLA changes algorithms with shape), and the piece that matters is
+  the one just below the boundary.
+  """
+  if budget is None:
     return None
-  below = [p for p in points if p[0] <= lo]
-  above = [p for p in points if hi is not None and p[0] >= hi]
-  (n0, p0), (n1, p1) = (below[-1], above[0]) if below and above else points[-2:]
+  fits = sorted((t.examples, t.predicted_peak_bytes) for t in trials
+                if t.fits and t.predicted_peak_bytes)
+  known = sorted({t.examples: t.predicted_peak_bytes for t in trials
+                  if t.predicted_peak_bytes}.items())
+  points = fits if len(fits) >= 2 else known
+  if len(points) < 2:
+    return None
+  (n0, p0), (n1, p1) = points[-2:]
   slope = (p1 - p0) / (n1 - n0)
   if slope <= 0:
     return None
-  return int(n0 + (budget - p0) // slope)
+  return int(n1 + (budget - p1) // slope)
+
+
+def _next_probe(trials: list[Trial], budget: int | None, lo: int, hi: int | None,
+                max_examples: int, gallop: int) -> int:
+  """Where to probe next, given the largest fit `lo` and smallest failure `hi`.
+
+  The line's guess when it falls strictly inside the bracket; otherwise gallop
+  from the side the line points at (steps 1, 2, 4, ... so a boundary just
+  beside a probe costs a few probes), never past the middle of the bracket.
+  """
+  probed = {t.examples for t in trials}
+  guess = _line_guess(trials, budget)
+  if hi is None:
+    if guess is not None and guess > lo and guess not in probed:
+      return min(guess, max_examples)
+    return min(lo + gallop if guess is not None else 2 * lo, max_examples)
+  mid = (lo + hi) // 2
+  if guess is not None and lo < guess < hi and guess not in probed:
+    return guess
+  if guess is not None and guess <= lo:
+    return min(lo + gallop, mid) if lo + 1 < hi else lo
+  return max(hi - gallop, mid)  # the line points at or past hi: come down from it
 
 
 def find_max_batch(program: prog.Program, budget_bytes: int | None, max_examples: int = 1 << 20,
@@ -114,7 +155,7 @@ def find_max_batch(program: prog.Program, budget_bytes: int | None, max_examples
   trials: list[Trial] = []
   best: prog.Compiled | None = None
   lo, hi = 0, None  # largest n known to fit, smallest n known not to
-  model_steps = 0  # consecutive guesses from the line that left the bracket wide
+  gallop = 1
   n = 1
   while True:
     trial, compiled = probe(program, n, budget_bytes, verify_predicted_oom=verify_predicted_oom)
@@ -123,27 +164,17 @@ def find_max_batch(program: prog.Program, budget_bytes: int | None, max_examples
       on_trial(trial)
     if trial.outcome == ERROR:
       return Result(lo, trials, time.perf_counter() - start, budget_bytes, best, trial.detail)
+    previous = (lo, hi)
     if trial.fits:
       lo, best = n, compiled
     else:
       hi = n if hi is None else min(hi, n)
     if (hi is not None and hi - lo <= 1) or lo >= max_examples:
       return Result(lo, trials, time.perf_counter() - start, budget_bytes, best)
-    guess = _line_guess(trials, budget_bytes, lo, hi)
-    upper = max_examples + 1 if hi is None else hi
-    if lo == 0:
-      n = 0  # not even one example fits: the loop ended above (hi == 1)
-    elif guess is not None and model_steps < 2:
-      # Jump to the predicted boundary, but always into the open bracket, and
-      # onto its failing side when the line says lo is already the boundary.
-      n = min(max(guess, lo + 1), upper - 1)
-      model_steps += 1
-    elif hi is None:
-      n = min(2 * lo, max_examples)  # doubling
-    else:
-      n = (lo + hi) // 2  # bisection
-      model_steps = 0
-    if n in {t.examples for t in trials}:
-      n = (lo + upper) // 2 if hi is not None else min(2 * lo, max_examples)
-    if n <= lo:
-      return Result(lo, trials, time.perf_counter() - start, budget_bytes, best)
+    # Consecutive moves from the same side double the gallop step.
+    same_side = (trial.fits and previous[0] != 0) or (not trial.fits and previous[1] is not None)
+    gallop = 2 * gallop if same_side else 1
+    n = _next_probe(trials, budget_bytes, lo, hi, max_examples, gallop)
+    if n <= lo or (hi is not None and n >= hi) or n in {t.examples for t in trials}:
+      return Result(lo, trials, time.perf_counter() - start, budget_bytes, best,
+                    f'search stalled at {n} (fits {lo}, fails {hi})')

@@ -166,3 +166,71 @@ BERT_BASE = wl.Workload(
                           pretraining_loss, adamw),
     flops_per_example=pretraining_flops,
 )
+
+
+# --- SQuAD 1.1 fine-tuning: BERT-base with a span head (Google's run_squad.py) ---
+
+
+class BertSquad(nn.Module):
+  """BERT with a dense layer to (start, end) logits per token; no pooler, as the reference."""
+
+  cfg: Any
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, batch, train):
+    hidden, _ = BertEncoder(self.cfg, self.dtype, name='bert')(
+        batch['tokens'], batch['segments'], train)
+    logits_BxLx2 = nn.Dense(2, kernel_init=dense_init, dtype=self.dtype, name='span')(hidden)
+    return logits_BxLx2[..., 0], logits_BxLx2[..., 1]
+
+
+def squad_batch(cfg, rng, n):
+  """[CLS] question [SEP] context [SEP] at full length, with a short answer span in the context."""
+  tok_rng, start_rng, len_rng = jax.random.split(rng, 3)
+  length, question = cfg['seq_len'], cfg['question_len']
+  tokens = jax.random.randint(tok_rng, (n, length), 1, cfg['vocab'], jnp.int32)
+  segments = (jnp.arange(length) >= question).astype(jnp.int32)[None].repeat(n, axis=0)
+  # Answers lie in the context, before its closing [SEP]; SQuAD answers are a few tokens long.
+  start = jax.random.randint(start_rng, (n,), question, length - 1, jnp.int32)
+  span = jax.random.randint(len_rng, (n,), 0, cfg['max_answer_len'], jnp.int32)
+  end = jnp.minimum(start + span, length - 2)
+  return {'tokens': tokens, 'segments': segments, 'start_positions': start, 'end_positions': end}
+
+
+def squad_loss(cfg, outputs, batch):
+  """(CE(start) + CE(end)) / 2, each averaged over the batch, as run_squad.py."""
+  del cfg
+  start_logits, end_logits = outputs
+  start = cross_entropy(start_logits, batch['start_positions']).mean()
+  end = cross_entropy(end_logits, batch['end_positions']).mean()
+  return (start + end) / 2, {'start_loss': start, 'end_loss': end}
+
+
+def squad_flops(cfg):
+  length = cfg['seq_len']
+  forward = length * (encoder_flops_per_token(cfg, length) + 2 * cfg['hidden'] * 2)
+  return 3.0 * forward
+
+
+# run_squad.py's README recipe: lr 3e-5, 2 epochs of ~88.6k features at batch 12, 10% warm-up.
+BERT_SQUAD_CONFIG = dict(
+    BERT_BASE_CONFIG, seq_len=384, question_len=64, max_answer_len=30,
+    lr=3e-5, warmup=1477, total_steps=14774,
+)
+del BERT_SQUAD_CONFIG['masked']
+BERT_SQUAD_TINY = dict(vocab=128, hidden=32, layers=2, heads=4, ffn=64, max_positions=32,
+                       seq_len=24, question_len=8, max_answer_len=4,
+                       lr=1e-3, warmup=1, total_steps=1000)
+
+BERT_SQUAD = wl.Workload(
+    name='bert_squad',
+    description='BERT-base uncased SQuAD 1.1 fine-tuning at sequence length 384 (span head)',
+    unit='sequences',
+    throughput_unit='sequences/s',
+    config=BERT_SQUAD_CONFIG,
+    tiny=BERT_SQUAD_TINY,
+    trainer=wl.supervised(lambda cfg, dtype: BertSquad(cfg, dtype), squad_batch, squad_loss,
+                          adamw),
+    flops_per_example=squad_flops,
+)
