@@ -14,7 +14,7 @@ from jaxbench import workload as wl
 SCHEMA = 'jaxbench.result/1'
 # Without a GPU the search has no device memory to fill; it uses this budget of
 # compile-time predicted peak instead, so the command still ends in minutes.
-CPU_DEFAULT_BUDGET_GB = 2.0
+CPU_DEFAULT_BUDGET_GB = 0.25
 
 
 @dataclasses.dataclass(frozen=True)

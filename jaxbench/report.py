@@ -26,7 +26,7 @@ def row(result: dict[str, Any]) -> tuple[str, ...]:
   peak = m.get('predicted_peak_bytes')
   status = result['status'] if not result.get('error') else f"{result['status']}: {result['error']}"
   return (result['workload'], result['precision'], device, batch, _fmt(m.get('steps_per_s'), '.3f'),
-          throughput, step_txt, _fmt(None if peak is None else peak / 1e9, '.2f'),
+          throughput, step_txt, _fmt(None if peak is None else peak / 1e9, '.3g'),
           _fmt(m.get('compile_s'), '.1f'), _fmt(m.get('tflops_per_s'), '.1f'), status[:80])
 
 

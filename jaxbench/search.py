@@ -126,25 +126,29 @@ def _line_guess(trials: list[Trial], budget: int | None) -> int | None:
 
 
 def _next_probe(trials: list[Trial], budget: int | None, lo: int, hi: int | None,
-                max_examples: int, gallop: int) -> int:
+                max_examples: int, gallop: int, line_missed: bool) -> tuple[int, str | None]:
   """Where to probe next, given the largest fit `lo` and smallest failure `hi`.
 
-  The line's guess when it falls strictly inside the bracket; otherwise gallop
-  from the side the line points at (steps 1, 2, 4, ... so a boundary just
-  beside a probe costs a few probes), never past the middle of the bracket.
+  The line's guess when it falls strictly inside the bracket. When the line
+  points at or beyond an edge of the bracket, gallop from that edge (steps 1,
+  2, 4, ... so a boundary just beside a probe costs a few probes), never past
+  the middle. Without a line, or once a gallop has crossed the boundary (the
+  line is wrong here): doubling, then bisection. Returns n and the
+  gallop's direction ('up' from lo, 'down' from hi, or None).
   """
   probed = {t.examples for t in trials}
   guess = _line_guess(trials, budget)
+  inside = guess is not None and guess > lo and (hi is None or guess < hi)
+  if guess is None or (line_missed and not inside):
+    return (min(2 * lo, max_examples) if hi is None else (lo + hi) // 2), None
+  if guess > lo and (hi is None or guess < hi) and guess not in probed:
+    return min(guess, max_examples), None
   if hi is None:
-    if guess is not None and guess > lo and guess not in probed:
-      return min(guess, max_examples)
-    return min(lo + gallop if guess is not None else 2 * lo, max_examples)
+    return min(lo + gallop, max_examples), 'up'
   mid = (lo + hi) // 2
-  if guess is not None and lo < guess < hi and guess not in probed:
-    return guess
-  if guess is not None and guess <= lo:
-    return min(lo + gallop, mid) if lo + 1 < hi else lo
-  return max(hi - gallop, mid)  # the line points at or past hi: come down from it
+  if guess <= lo:
+    return max(min(lo + gallop, mid), lo + 1), 'up'
+  return min(max(hi - gallop, mid), hi - 1), 'down'
 
 
 def find_max_batch(program: prog.Program, budget_bytes: int | None, max_examples: int = 1 << 20,
@@ -155,7 +159,7 @@ def find_max_batch(program: prog.Program, budget_bytes: int | None, max_examples
   trials: list[Trial] = []
   best: prog.Compiled | None = None
   lo, hi = 0, None  # largest n known to fit, smallest n known not to
-  gallop = 1
+  gallop, direction, line_missed = 1, None, False
   n = 1
   while True:
     trial, compiled = probe(program, n, budget_bytes, verify_predicted_oom=verify_predicted_oom)
@@ -164,17 +168,17 @@ def find_max_batch(program: prog.Program, budget_bytes: int | None, max_examples
       on_trial(trial)
     if trial.outcome == ERROR:
       return Result(lo, trials, time.perf_counter() - start, budget_bytes, best, trial.detail)
-    previous = (lo, hi)
     if trial.fits:
       lo, best = n, compiled
     else:
       hi = n if hi is None else min(hi, n)
     if (hi is not None and hi - lo <= 1) or lo >= max_examples:
       return Result(lo, trials, time.perf_counter() - start, budget_bytes, best)
-    # Consecutive moves from the same side double the gallop step.
-    same_side = (trial.fits and previous[0] != 0) or (not trial.fits and previous[1] is not None)
-    gallop = 2 * gallop if same_side else 1
-    n = _next_probe(trials, budget_bytes, lo, hi, max_examples, gallop)
+    # A gallop that stayed on its side (up and fitting, down and failing) doubles its step.
+    kept_going = (direction == 'up' and trial.fits) or (direction == 'down' and not trial.fits)
+    gallop = 2 * gallop if kept_going else 1
+    line_missed = line_missed or (direction is not None and not kept_going)
+    n, direction = _next_probe(trials, budget_bytes, lo, hi, max_examples, gallop, line_missed)
     if n <= lo or (hi is not None and n >= hi) or n in {t.examples for t in trials}:
       return Result(lo, trials, time.perf_counter() - start, budget_bytes, best,
                     f'search stalled at {n} (fits {lo}, fails {hi})')
