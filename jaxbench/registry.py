@@ -5,6 +5,7 @@ from models import bert, nasnet, transformer
 from models import fconv
 from models import deeplab
 from models import mt_dnn
+from models import stylegan
 
 _REGISTRY: dict[str, wl.Workload] = {}
 
@@ -23,6 +24,7 @@ _register(bert.BERT_BASE, bert.BERT_SQUAD)
 _register(mt_dnn.MT_DNN)
 _register(deeplab.DEEPLABV3)
 _register(nasnet.NASNET_LARGE)
+_register(stylegan.STYLEGAN)
 
 
 def names() -> list[str]:

@@ -1,0 +1,176 @@
+"""StyleGAN's layers (Karras et al. 2019): equalized learning rate, blur, resampling, AdaIN.
+
+Weights are stored N(0, 1/lrmul) and scaled at run time by the He constant
+gain/sqrt(fan_in) times lrmul, so Adam's step is equal for every layer
+("equalized learning rate", NVlabs/stylegan's get_weight with use_wscale).
+"""
+
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+SQRT2 = math.sqrt(2.0)
+_NHWC = ('NHWC', 'HWIO', 'NHWC')
+
+
+def lrelu(x):
+  return nn.leaky_relu(x, 0.2)
+
+
+def pixel_norm(x, eps=1e-8):
+  """Normalizes each feature vector (the last axis) to unit root mean square."""
+  return x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + eps)
+
+
+def instance_norm(x_NxHxWxC, eps=1e-8):
+  """Per-image, per-channel normalization over H and W, in float32 as the reference does."""
+  x = x_NxHxWxC.astype(jnp.float32)
+  x = x - jnp.mean(x, axis=(1, 2), keepdims=True)
+  x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=(1, 2), keepdims=True) + eps)
+  return x.astype(x_NxHxWxC.dtype)
+
+
+def blur(x_NxHxWxC):
+  """The [1,2,1] x [1,2,1] / 16 low-pass filter, depthwise, zero-padded to the same size."""
+  c = x_NxHxWxC.shape[-1]
+  f = np.outer([1.0, 2.0, 1.0], [1.0, 2.0, 1.0]) / 16.0
+  kernel = jnp.asarray(np.tile(f[:, :, None, None], (1, 1, 1, c)), x_NxHxWxC.dtype)
+  return jax.lax.conv_general_dilated(x_NxHxWxC, kernel, (1, 1), ((1, 1), (1, 1)),
+                                      dimension_numbers=_NHWC, feature_group_count=c)
+
+
+def upscale(x_NxHxWxC):
+  """Nearest-neighbour 2x upsampling."""
+  return jnp.repeat(jnp.repeat(x_NxHxWxC, 2, axis=1), 2, axis=2)
+
+
+def downscale(x_NxHxWxC):
+  """2x2 average pooling."""
+  n, h, w, c = x_NxHxWxC.shape
+  return x_NxHxWxC.reshape(n, h // 2, 2, w // 2, 2, c).mean(axis=(2, 4))
+
+
+def _summed_shifts(w_KxKxIxO):
+  """The 4x4 kernel whose stride-2 use equals 2x resampling around the 3x3 kernel."""
+  w = jnp.pad(w_KxKxIxO, ((1, 1), (1, 1), (0, 0), (0, 0)))
+  return w[1:, 1:] + w[:-1, 1:] + w[1:, :-1] + w[:-1, :-1]
+
+
+def minibatch_stddev(x_NxHxWxC, group_size=4, num_features=1):
+  """Appends the within-group standard deviation, averaged over features and pixels.
+
+  The reference needs the batch divisible by the group; here the group is the
+  largest divisor of the batch not above `group_size`, so any batch works.
+  Image i belongs to group i % M, as the reference's reshape assigns it.
+  """
+  n, h, w, c = x_NxHxWxC.shape
+  g = max(d for d in range(1, min(group_size, n) + 1) if n % d == 0)
+  y = x_NxHxWxC.astype(jnp.float32).reshape(g, n // g, h, w, num_features, c // num_features)
+  y = jnp.sqrt(jnp.var(y, axis=0) + 1e-8)  # MxHxWxFxc
+  y_MxF = jnp.mean(y, axis=(1, 2, 4))
+  y_NxF = jnp.tile(y_MxF, (g, 1)).astype(x_NxHxWxC.dtype)
+  y_NxHxWxF = jnp.broadcast_to(y_NxF[:, None, None, :], (n, h, w, num_features))
+  return jnp.concatenate([x_NxHxWxC, y_NxHxWxF], axis=-1)
+
+
+class EqDense(nn.Module):
+  """Dense layer with equalized learning rate and a learning-rate multiplier."""
+
+  features: int
+  gain: float = SQRT2
+  lrmul: float = 1.0
+  use_bias: bool = True
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    fan_in = x.shape[-1]
+    w = self.param('kernel', nn.initializers.normal(1.0 / self.lrmul), (fan_in, self.features))
+    scale = self.gain / math.sqrt(fan_in) * self.lrmul
+    y = jnp.dot(x.astype(self.dtype), (w * scale).astype(self.dtype))
+    if self.use_bias:
+      b = self.param('bias', nn.initializers.zeros, (self.features,))
+      y = y + (b * self.lrmul).astype(self.dtype)
+    return y
+
+
+class EqConv(nn.Module):
+  """KxK convolution with equalized learning rate; optionally 2x up- or downsampling.
+
+  resample='up': nearest 2x upsampling then the convolution; 'down': the
+  convolution then 2x2 average pooling. With `fused`, either runs as one
+  stride-2 (transposed) convolution of the 4x4 summed-shift kernel, which is
+  exactly the same function at a fraction of the cost (the reference fuses
+  from 128x128 up).
+  """
+
+  features: int
+  kernel: int = 3
+  gain: float = SQRT2
+  resample: str | None = None  # None, 'up' or 'down'
+  fused: bool = False
+  use_bias: bool = True
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_NxHxWxC):
+    k, cin = self.kernel, x_NxHxWxC.shape[-1]
+    w = self.param('kernel', nn.initializers.normal(1.0), (k, k, cin, self.features))
+    w = w * (self.gain / math.sqrt(k * k * cin))
+    x = x_NxHxWxC.astype(self.dtype)
+    same = ((k // 2, k // 2),) * 2
+    conv = lambda x, w, **kw: jax.lax.conv_general_dilated(
+        x, w.astype(self.dtype), dimension_numbers=_NHWC, **kw)
+    if self.resample == 'up' and self.fused:
+      # Input dilation by 2 plus the 4x4 kernel: a transposed convolution.
+      y = conv(x, _summed_shifts(w), window_strides=(1, 1), padding=((2, 2), (2, 2)),
+               lhs_dilation=(2, 2))
+    elif self.resample == 'down' and self.fused:
+      y = conv(x, _summed_shifts(w) * 0.25, window_strides=(2, 2), padding=((1, 1), (1, 1)))
+    else:
+      if self.resample == 'up':
+        x = upscale(x)
+      y = conv(x, w, window_strides=(1, 1), padding=same)
+      if self.resample == 'down':
+        y = downscale(y)
+    if self.use_bias:
+      b = self.param('bias', nn.initializers.zeros, (self.features,))
+      y = y + b.astype(self.dtype)
+    return y
+
+
+class StyleMod(nn.Module):
+  """AdaIN's affine part: a per-layer style (scale, bias) from W, gain 1."""
+
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_NxHxWxC, w_NxD):
+    c = x_NxHxWxC.shape[-1]
+    style = EqDense(2 * c, gain=1.0, dtype=self.dtype, name='dense')(w_NxD)
+    scale, bias = style[:, None, None, :c], style[:, None, None, c:]
+    return x_NxHxWxC * (scale + 1) + bias
+
+
+class LayerEpilogue(nn.Module):
+  """What ends every synthesis layer: noise, bias, lrelu, instance norm, style modulation.
+
+  The noise is one fresh N(0, 1) image per example and layer, scaled per
+  channel by a learned strength that starts at zero.
+  """
+
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_NxHxWxC, w_NxD, noise_NxHxWx1):
+    c = x_NxHxWxC.shape[-1]
+    noise = noise_NxHxWx1.astype(self.dtype)
+    strength = self.param('noise_strength', nn.initializers.zeros, (c,))
+    bias = self.param('bias', nn.initializers.zeros, (c,))
+    x = x_NxHxWxC + noise * strength.astype(self.dtype) + bias.astype(self.dtype)
+    x = instance_norm(lrelu(x))
+    return StyleMod(self.dtype, name='style')(x, w_NxD)

@@ -1,0 +1,118 @@
+"""StyleGAN: both networks step, each learns with the other frozen, R1, Gs, sizes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxbench import precision
+from jaxbench import workload as wl
+from models import stylegan
+from models import stylegan_layers as sl
+
+W = stylegan.STYLEGAN
+CFG = W.resolve(tiny=True)
+
+
+@pytest.fixture(scope='module')
+def tiny():
+  """The tiny trainer, a state, a fixed batch of 2 and one jitted step from that state."""
+  trainer = W.trainer(CFG, precision.get('fp32'))
+  state = jax.jit(trainer.init)(jax.random.key(0))
+  batch = jax.jit(trainer.make_batch, static_argnums=1)(jax.random.key(1), 2)
+  new_state, metrics = jax.jit(trainer.step)(state, batch, jax.random.key(2))
+  return trainer, state, batch, new_state, metrics
+
+
+def _max_abs_diff(a, b):
+  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a),
+                                                           jax.tree.leaves(b)))
+
+
+@pytest.mark.slow
+def test_one_step_updates_both_networks_with_finite_losses(tiny):
+  trainer, state, _, new_state, metrics = tiny
+  assert set(metrics) >= {'loss', 'g_loss', 'd_loss', 'r1'}
+  assert all(np.isfinite(float(v)) for v in metrics.values()), metrics
+  np.testing.assert_allclose(metrics['loss'], metrics['g_loss'] + metrics['d_loss'], rtol=1e-6)
+  assert float(metrics['r1']) > 0
+  for name in ('generator', 'discriminator'):
+    assert _max_abs_diff(state.params[name], new_state.params[name]) > 0, name
+  assert int(new_state.step) == 1
+  assert set(trainer.param_groups(new_state)) == {'generator', 'discriminator'}
+
+
+@pytest.mark.slow
+def test_ema_moves_toward_the_generator(tiny):
+  _, state, batch, new_state, _ = tiny
+  beta = stylegan.ema_beta(CFG, batch['images'].shape[0])
+  assert 0.99 < beta < 1.0
+  g_new = new_state.params['generator']
+  # Gs started equal to G; after one step it is the beta-lerp from the old G to the new one.
+  expected = jax.tree.map(lambda old, new: beta * old + (1 - beta) * new,
+                          state.params['generator'], g_new)
+  # Relative: the mapping's weights are stored at scale 1/lrmul = 100.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
+               new_state.ema, expected)
+  before, after = _max_abs_diff(state.ema, g_new), _max_abs_diff(new_state.ema, g_new)
+  assert 0 < after < before
+
+
+@pytest.mark.slow
+def test_discriminator_learns_with_the_generator_frozen(tiny):
+  _, state, batch, _, _ = tiny
+  nets, tx = stylegan.Nets(CFG), stylegan.adam(CFG)
+  rng = jax.random.key(3)  # the same fakes every step
+  d_step = jax.jit(lambda s: stylegan.d_step(nets, tx, s, batch['images'], rng)[:2])
+  losses = []
+  for _ in range(15):
+    state, loss = d_step(state)
+    losses.append(float(loss))
+  assert np.all(np.isfinite(losses)), losses
+  assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3]), losses
+
+
+@pytest.mark.slow
+def test_generator_learns_with_the_discriminator_frozen(tiny):
+  _, state, _, _, _ = tiny
+  nets, tx = stylegan.Nets(CFG), stylegan.adam(CFG)
+  rng = jax.random.key(4)  # the same latents and noise every step
+  g_step = jax.jit(lambda s: stylegan.g_step(nets, tx, s, 2, rng)[:2])
+  losses = []
+  for _ in range(15):
+    state, loss = g_step(state)
+    losses.append(float(loss))
+  assert np.all(np.isfinite(losses)), losses
+  assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3]), losses
+
+
+def test_r1_is_zero_for_a_discriminator_constant_in_its_input(tiny):
+  _, state, batch, _, _ = tiny
+  nets = stylegan.Nets(CFG)
+  d_params = state.params['discriminator']
+  r1 = jax.jit(lambda d: nets.r1(d, batch['images'])[0])
+  assert float(jnp.min(r1(d_params))) > 0
+  # FromRGB's kernel at zero: D sees only its biases, whatever the image.
+  blind = jax.tree_util.tree_map_with_path(
+      lambda path, x: jnp.zeros_like(x) if 'from_rgb' in str(path[0]) else x, d_params)
+  np.testing.assert_array_equal(r1(blind), 0.0)
+
+
+@pytest.mark.parametrize('resample', ['up', 'down'])
+def test_fused_resampling_convolution_matches_the_separate_ops(resample):
+  x = jax.random.normal(jax.random.key(5), (2, 8, 8, 4))
+  convs = [sl.EqConv(6, resample=resample, fused=fused) for fused in (False, True)]
+  params = convs[0].init(jax.random.key(6), x)
+  params = jax.tree.map(lambda p: jax.random.normal(jax.random.key(7), p.shape), params)
+  separate, fused = (conv.apply(params, x) for conv in convs)
+  assert separate.shape == fused.shape == ((2, 16, 16, 6) if resample == 'up' else (2, 4, 4, 6))
+  np.testing.assert_allclose(fused, separate, rtol=1e-5, atol=1e-5)
+
+
+def test_full_size_parameter_counts():
+  trainer = W.trainer(W.config, precision.get('fp32'))
+  counts = wl.param_counts(trainer, jax.eval_shape(trainer.init, jax.random.key(0)))
+  assert abs(counts['generator'] - 26.2e6) < 0.01 * 26.2e6, counts  # the paper's Table
+  # D_basic at 1024 with fmap_base 8192, counted layer by layer from networks_stylegan.py.
+  assert counts['discriminator'] == 23_077_137, counts
+  assert counts['total'] == counts['generator'] + counts['discriminator']
