@@ -6,6 +6,7 @@ from models import fconv
 from models import deeplab
 from models import mt_dnn
 from models import stylegan
+from models import xlm
 
 _REGISTRY: dict[str, wl.Workload] = {}
 
@@ -22,6 +23,7 @@ _register(transformer.TRANSFORMER_BIG)
 _register(fconv.FCONV_WMT_EN_DE)
 _register(bert.BERT_BASE, bert.BERT_SQUAD)
 _register(mt_dnn.MT_DNN)
+_register(xlm.UNSUPMT)
 _register(deeplab.DEEPLABV3)
 _register(nasnet.NASNET_LARGE)
 _register(stylegan.STYLEGAN)
