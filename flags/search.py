@@ -17,3 +17,6 @@ MAX_EXAMPLES = flags.DEFINE_integer(
 COMPILATION_CACHE_DIR = flags.DEFINE_string(
     'compilation_cache_dir', None, 'Persistent XLA compilation cache. Off by default so that '
     'compile times are real compiles; cached compiles are much faster.')
+TRITON_GEMM = flags.DEFINE_bool(
+    'triton_gemm', False, 'Let XLA autotune Triton kernels for matmuls besides cuBLAS. Off by '
+    'default: it multiplies compile times, and the search compiles many times.')

@@ -59,7 +59,7 @@ def _add_xla_flags(*flags: str) -> None:
 
 
 def configure(memory_limit_gb: float | None, remat: bool,
-              compilation_cache_dir: str | None = None) -> MemorySetup:
+              compilation_cache_dir: str | None = None, triton_gemm: bool = False) -> MemorySetup:
   """Fix the memory cap and XLA options; call before JAX's backend starts."""
   from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
 
@@ -84,6 +84,11 @@ def configure(memory_limit_gb: float | None, remat: bool,
       # Point XLA's rematerialization at the pool we actually have.
       pool = fraction * total
       _add_xla_flags(f'--xla_gpu_memory_limit_slop_factor={int(100 * pool / (_XLA_REMAT_BASE * total))}')
+  if not triton_gemm:
+    # XLA autotunes every matmul over many Triton tilings as well as cuBLAS; on
+    # the H200 that made a BERT-base fp32 compile take over a minute. cuBLAS
+    # alone (what PyTorch uses) keeps the search's many compiles affordable.
+    _add_xla_flags('--xla_gpu_enable_triton_gemm=false')
   if not remat:
     # Without this XLA quietly recomputes activations once a program exceeds its
     # memory limit, and "max batch" would mean "max batch with recomputation".

@@ -20,6 +20,7 @@ class Plan:
   remat: bool = False
   output: str | None = None
   compilation_cache_dir: str | None = None
+  triton_gemm: bool = False
 
 
 def parse_overrides(items: list[str]) -> tuple[tuple[str, str], ...]:
@@ -84,4 +85,4 @@ def plan(f) -> Plan:
       warmup_steps=f.warmup_steps, steps=f.steps, windows=f.windows, seed=f.seed,
       max_examples=f.max_examples, verify_predicted_oom=f.verify_predicted_oom)
   return Plan('describe' if f.describe else 'run', workloads, options, f.memory_limit_gb, f.remat,
-              f.output, f.compilation_cache_dir)
+              f.output, f.compilation_cache_dir, f.triton_gemm)

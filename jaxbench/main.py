@@ -40,7 +40,8 @@ def main(argv: list[str]) -> int:
       print(describe.describe(w, plan.options.tiny, dict(plan.options.overrides)))
     return 0
   try:
-    memory = backend.configure(plan.memory_limit_gb, plan.remat, plan.compilation_cache_dir)
+    memory = backend.configure(plan.memory_limit_gb, plan.remat, plan.compilation_cache_dir,
+                               plan.triton_gemm)
   except backend.BackendError as e:
     _fail(str(e))
   options = bench.resolve_tiny(plan.options, run_flags.TINY.value)

@@ -31,6 +31,7 @@ class Trial:
   batch: int  # in the workload's batch unit
   outcome: str  # one of FITS, OOM_PREDICTED, OOM_COMPILE, OOM_RUN, ERROR
   predicted_peak_bytes: int | None = None
+  predicted_temp_bytes: int | None = None  # XLA's temporaries (activations and the like)
   compile_s: float | None = None
   run_s: float | None = None
   detail: str = ''
@@ -76,7 +77,7 @@ def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom):
     prog.release()
     return Trial(n, batch, outcome, detail=detail), None
   trial = Trial(n, batch, FITS, predicted_peak_bytes=compiled.peak_bytes,
-                compile_s=round(compiled.compile_s, 3))
+                predicted_temp_bytes=compiled.temp_bytes, compile_s=round(compiled.compile_s, 3))
   if budget_bytes is not None and compiled.peak_bytes > budget_bytes and not verify_predicted_oom:
     trial.outcome = OOM_PREDICTED
     trial.detail = f'predicted peak {compiled.peak_bytes / 1e9:.3f} GB > budget {budget_bytes / 1e9:.3f} GB'
@@ -102,27 +103,35 @@ def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom):
   return trial, compiled
 
 
-def _line_guess(trials: list[Trial], budget: int | None) -> int | None:
-  """The largest n whose predicted peak fits, from a line through two probes.
+def _line_guess(trials: list[Trial], budget: int | None, lo: int, hi: int | None) -> int | None:
+  """The largest n whose predicted peak fits the budget, from the probes so far.
 
-  The two largest probes that fit are preferred: memory is linear in n only
-  piecewise (XLA changes algorithms with shape), and the piece that matters is
-  the one just below the boundary.
+  With a bracket, interpolate between its two ends (regula falsi: the guess
+  stays inside). Without one, extrapolate from the two largest fits. After the
+  first probe alone, assume all of its temporaries scale with the batch: an
+  over-estimate of the per-example memory, so the guess is short of the
+  boundary but lands on the linear part of the curve, far from the fixed costs
+  (parameters, optimizer state) that dominate at one example.
   """
   if budget is None:
     return None
-  fits = sorted((t.examples, t.predicted_peak_bytes) for t in trials
-                if t.fits and t.predicted_peak_bytes)
-  known = sorted({t.examples: t.predicted_peak_bytes for t in trials
-                  if t.predicted_peak_bytes}.items())
-  points = fits if len(fits) >= 2 else known
-  if len(points) < 2:
-    return None
-  (n0, p0), (n1, p1) = points[-2:]
+  peaks = {t.examples: t.predicted_peak_bytes for t in trials if t.predicted_peak_bytes}
+  if lo in peaks and hi in peaks:
+    (n0, p0), (n1, p1) = (lo, peaks[lo]), (hi, peaks[hi])
+  else:
+    fits = sorted((n, p) for n, p in peaks.items() if n <= lo)
+    if len(fits) >= 2:
+      (n0, p0), (n1, p1) = fits[-2:]
+    elif len(fits) == 1:
+      first = next(t for t in trials if t.examples == fits[0][0])
+      per_example = max(first.predicted_temp_bytes or 0, 1)
+      return fits[0][0] + max(int((budget - fits[0][1]) // per_example), 1)
+    else:
+      return None
   slope = (p1 - p0) / (n1 - n0)
   if slope <= 0:
     return None
-  return int(n1 + (budget - p1) // slope)
+  return int(n0 + (budget - p0) // slope)
 
 
 def _next_probe(trials: list[Trial], budget: int | None, lo: int, hi: int | None,
@@ -137,7 +146,7 @@ def _next_probe(trials: list[Trial], budget: int | None, lo: int, hi: int | None
   gallop's direction ('up' from lo, 'down' from hi, or None).
   """
   probed = {t.examples for t in trials}
-  guess = _line_guess(trials, budget)
+  guess = _line_guess(trials, budget, lo, hi)
   inside = guess is not None and guess > lo and (hi is None or guess < hi)
   if guess is None or (line_missed and not inside):
     return (min(2 * lo, max_examples) if hi is None else (lo + hi) // 2), None

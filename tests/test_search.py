@@ -40,7 +40,7 @@ class FakeProgram:
     if self.compile_fails_above is not None and n > self.compile_fails_above:
       raise RuntimeError('RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.0GiB.')
     return prog.Compiled(n=n, executable=None, compile_s=0.0, peak_bytes=self.peak(n),
-                         temp_bytes=0, argument_bytes=0)
+                         temp_bytes=self.peak(n) - self.a, argument_bytes=self.a)
 
   def run(self, compiled, steps):
     self.ran.append(compiled.n)
