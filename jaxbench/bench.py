@@ -2,6 +2,7 @@
 
 import dataclasses
 import datetime
+import os
 import sys
 from typing import Any
 
@@ -67,6 +68,7 @@ def run(w: wl.Workload, opts: Options, memory: backend.MemorySetup, log=print) -
       'timestamp': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
       'jaxbench_version': jaxbench.__version__, 'jax_version': jax.__version__,
       'python': sys.version.split()[0], 'device': dev,
+      'xla_flags': os.environ.get('XLA_FLAGS', ''),
       'workload': w.name, 'unit': w.unit, 'throughput_unit': w.throughput_unit,
       'precision': policy.name, 'tiny': opts.tiny, 'config': dict(cfg),
       'memory': {'limit_bytes': memory.limit_bytes, 'budget_bytes': budget,
