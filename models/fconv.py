@@ -149,8 +149,8 @@ class Attention(nn.Module):
     scores_BxTxS = jnp.where(src_valid_BxS[:, None, :], scores_BxTxS, -jnp.inf)
     probs = jax.nn.softmax(scores_BxTxS, axis=-1).astype(self.dtype)
     context = jnp.einsum('bts,bse->bte', probs, values_BxSxE)
-    src_len = src_valid_BxS.sum(axis=1).astype(self.dtype)
-    context = context * jnp.sqrt(src_len)[:, None, None]  # fairseq's s * sqrt(1/s)
+    src_len = src_valid_BxS.sum(axis=1).astype(jnp.float32)
+    context = context * jnp.sqrt(src_len).astype(self.dtype)[:, None, None]  # s * sqrt(1/s)
     y = WeightNormDense(x_BxTxC.shape[-1], dtype=self.dtype, name='out_projection')(context)
     return (y + x_BxTxC) * SQRT_HALF
 

@@ -1,0 +1,70 @@
+"""ConvS2S (fairseq fconv_wmt_en_de): parameter count, causal decoder, gradient scaling."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxbench import precision
+from jaxbench import workload as wl
+from models import fconv
+
+# fairseq fconv_wmt_en_de counted by hand from fairseq/models/fconv.py with the dictionaries
+# of the pretrained wmt14.en-de.fconv-py model (en 42243, de 43676 types). Every Linear and
+# convolution is weight-normalised: v, g (one per output) and a bias.
+#   encoder: embeddings (42243 + 1024) x 768, fc1 768->512, 15 convolutions to 2C
+#     (9 x k3 512, 4 x k3 1024, 2 x k1 2048), projections 512->1024 and 1024->2048,
+#     fc2 2048->768: 86,635,264
+#   decoder: embeddings (43676 + 1024) x 768, fc1, the same convolutions and projections,
+#     15 attention layers (C->768, 768->C), fc2 2048->512, fc3 512->43676: 129,369,912
+FAIRSEQ_PARAMS = 216_005_176
+
+
+@pytest.fixture(scope='module')
+def tiny():
+  """The tiny model's config, batch and a jitted eval-mode forward, shared by the tests."""
+  cfg = fconv.FCONV_WMT_EN_DE.resolve(tiny=True)
+  model = fconv.FConv(cfg)
+  batch = fconv.make_batch(cfg, jax.random.key(1), 2)
+  variables = model.init({'params': jax.random.key(0), 'dropout': jax.random.key(2)}, batch,
+                         train=False)
+  return cfg, batch, jax.jit(lambda b: model.apply(variables, b, train=False))
+
+
+def test_full_size_parameter_count_matches_fairseq():
+  w = fconv.FCONV_WMT_EN_DE
+  trainer = w.trainer(w.resolve(), precision.get('fp32'))
+  shapes = jax.eval_shape(trainer.init, jax.random.key(0))
+  count = wl.count_params(shapes.params)
+  assert abs(count - FAIRSEQ_PARAMS) <= 0.01 * FAIRSEQ_PARAMS, count
+  # fairseq's weight norm keeps one gain per output channel of every convolution.
+  conv = shapes.params['decoder']['conv_12']
+  assert conv['v'].shape == (3, 1024, 2048) and conv['g'].shape == (2048,)
+
+
+def test_decoder_does_not_see_the_future(tiny):
+  cfg, batch, apply = tiny
+  logits = apply(batch)
+  t = cfg['tgt_len'] // 2
+  changed = batch['target_in'].at[:, t + 1:].set(
+      (batch['target_in'][:, t + 1:] + 7) % (cfg['tgt_vocab'] - 1) + 1)
+  assert not np.array_equal(changed, batch['target_in'])
+  new_logits = apply({**batch, 'target_in': changed})
+  np.testing.assert_array_equal(new_logits[:, :t + 1], logits[:, :t + 1])
+  # The later positions do read the changed tokens, so the check above is not vacuous.
+  assert not np.allclose(new_logits[:, t + 1:], logits[:, t + 1:])
+
+
+def test_every_target_position_attends_to_the_whole_source(tiny):
+  cfg, batch, apply = tiny
+  last = batch['source'].at[:, -1].set(batch['source'][:, -1] % (cfg['src_vocab'] - 1) + 1)
+  assert not np.array_equal(last, batch['source'])
+  diff = np.abs(apply({**batch, 'source': last}) - apply(batch)).max(axis=(0, 2))
+  assert np.all(diff > 0), diff  # even the first target step sees the last source token
+
+
+def test_grad_multiply_scales_only_the_gradient():
+  x = jnp.arange(3.0)
+  np.testing.assert_array_equal(fconv.grad_multiply(x, 0.25), x)
+  grad = jax.grad(lambda v: (fconv.grad_multiply(v, 0.25) ** 2).sum())(x)
+  np.testing.assert_allclose(grad, 0.25 * 2 * x)
