@@ -1,0 +1,137 @@
+"""Pix2PixHD: parameter counts, the two-network step, each network's loss, VGG and edges."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxbench import precision
+from jaxbench import workload as wl
+from models import pix2pixhd, vgg
+
+W = pix2pixhd.PIX2PIXHD
+TINY = W.resolve(tiny=True)
+# Hand count from NVIDIA/pix2pixHD networks.py (Conv2d/ConvTranspose2d with bias, instance
+# norm without affine): LocalEnhancer(36 -> 3, ngf 32, 4 down, 9 + 3 blocks) and three
+# NLayerDiscriminators(39 channels, ndf 64, 3 layers, 2,801,601 each).
+REFERENCE_G, REFERENCE_D = 182_857_059, 8_404_803
+
+
+def _trainer(cfg=TINY, policy='fp32'):
+  return W.trainer(cfg, precision.get(policy))
+
+
+@pytest.fixture(scope='module')
+def tiny():
+  """Tiny state, a fixed batch of 2, and the jitted gradient of the combined loss."""
+  nets = pix2pixhd.build(TINY)
+  state = jax.jit(_trainer().init)(jax.random.key(0))
+  batch = jax.jit(_trainer().make_batch, static_argnums=1)(jax.random.key(1), 2)
+  grad_fn = jax.jit(jax.value_and_grad(functools.partial(pix2pixhd.losses, nets, TINY),
+                                       has_aux=True))
+  return state, batch, grad_fn
+
+
+def test_param_counts_at_full_size():
+  trainer = _trainer(W.config)
+  shapes = jax.eval_shape(trainer.init, jax.random.key(0))
+  counts = wl.param_counts(trainer, shapes)
+  assert counts['generator'] == pytest.approx(REFERENCE_G, rel=0.01)
+  assert counts['discriminator'] == pytest.approx(REFERENCE_D, rel=0.01)
+  assert counts['total'] == counts['generator'] + counts['discriminator']  # VGG is not trained
+  assert wl.count_params(shapes.vgg_params) > 12_000_000  # VGG19 up to conv5_1
+
+
+def test_one_step_updates_both_networks(tiny):
+  state, batch, _ = tiny
+  new, metrics = jax.jit(_trainer().step)(state, batch, jax.random.key(0))
+  for name in ('loss', 'g_loss', 'd_loss'):
+    assert np.isfinite(float(metrics[name])), metrics
+  np.testing.assert_allclose(metrics['loss'], metrics['g_loss'] + metrics['d_loss'], rtol=1e-6)
+  for net in pix2pixhd.NETWORKS:
+    moved = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), new.params[net], state.params[net])
+    assert all(jax.tree.leaves(moved)), net
+  same = jax.tree.map(lambda a, b: bool(jnp.all(a == b)), new.vgg_params, state.vgg_params)
+  assert all(jax.tree.leaves(same))
+  assert int(new.step) == 1
+
+
+def _train_one(tiny, net, metric, steps=12):
+  """Adam on `net` alone, the other network frozen; the metric at each step."""
+  state, batch, grad_fn = tiny
+  params = state.params
+  tx = optax.adam(1e-3, b1=0.5)
+  opt_state = tx.init(params[net])
+  values = []
+  for _ in range(steps):
+    (_, metrics), grads = grad_fn(params, state.vgg_params, batch)
+    values.append(float(metrics[metric]))
+    updates, opt_state = tx.update(grads[net], opt_state)
+    params = {**params, net: optax.apply_updates(params[net], updates)}
+  return values
+
+
+def test_discriminator_loss_falls_with_generator_frozen(tiny):
+  values = _train_one(tiny, 'discriminator', 'd_loss')
+  assert np.all(np.isfinite(values))
+  assert np.mean(values[-3:]) < 0.5 * np.mean(values[:3]), values
+
+
+def test_generator_loss_falls_with_discriminator_frozen(tiny):
+  values = _train_one(tiny, 'generator', 'g_loss')
+  assert np.all(np.isfinite(values))
+  assert np.mean(values[-3:]) < 0.8 * np.mean(values[:3]), values
+
+
+@pytest.mark.slow
+def test_combined_gradient_is_each_networks_own(tiny):
+  """The one backward pass gives G the gradient of g_loss and D that of d_loss."""
+  state, batch, grad_fn = tiny
+  nets = pix2pixhd.build(TINY)
+  _, grads = grad_fn(state.params, state.vgg_params, batch)
+  for net, metric in (('generator', 'g_loss'), ('discriminator', 'd_loss')):
+    def own(p, net=net, metric=metric):
+      return pix2pixhd.losses(nets, TINY, {**state.params, net: p}, state.vgg_params,
+                              batch)[1][metric]
+    expected = jax.jit(jax.grad(own))(state.params[net])
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7),
+                 grads[net], expected)
+
+
+def test_vgg_loss_zero_for_identical_images(tiny):
+  state, batch, _ = tiny
+  module = vgg.VGG19Features(TINY['vgg_base'])
+  image = batch['image']
+  loss = jax.jit(functools.partial(vgg.perceptual_loss, module))
+  assert float(loss(state.vgg_params, image, image)) == 0.0
+  assert float(loss(state.vgg_params, image, -image)) > 0.0
+
+
+def test_batch_is_a_plausible_label_map():
+  batch = jax.jit(_trainer().make_batch, static_argnums=1)(jax.random.key(3), 2)
+  label, instance = np.asarray(batch['label']), np.asarray(batch['instance'])
+  assert label.shape == (2, TINY['height'], TINY['width']) and label.dtype == np.int32
+  assert label.min() >= 0 and label.max() < TINY['label_nc']
+  assert len(np.unique(label[0])) >= 3  # regions, not noise: a few classes in large areas
+  assert np.all(instance // 1000 == np.where(instance >= 1000, label, 0))
+  image = np.asarray(batch['image'])
+  assert image.min() >= -1.0 and image.max() <= 1.0
+
+
+def test_instance_edges_mark_both_sides_of_a_boundary():
+  ids = jnp.array([[[1, 1, 2, 2],
+                    [1, 1, 2, 2],
+                    [3, 3, 3, 3]]])
+  expected = np.array([[[0, 1, 1, 0],
+                        [1, 1, 1, 1],
+                        [1, 1, 1, 1]]], bool)
+  np.testing.assert_array_equal(pix2pixhd.instance_edges(ids), expected)
+
+
+def test_flops_per_example():
+  g = W.flops_per_example(W.config)
+  assert 1.0e13 < g < 1.3e13  # about 11.7 TFLOPs per 2048x1024 image
+  assert W.flops_per_example(TINY) < g / 1000
