@@ -7,6 +7,7 @@ from models import deeplab
 from models import mt_dnn
 from models import stylegan
 from models import xlm
+from models import mask_rcnn
 
 _REGISTRY: dict[str, wl.Workload] = {}
 
@@ -27,6 +28,7 @@ _register(xlm.UNSUPMT)
 _register(deeplab.DEEPLABV3)
 _register(nasnet.NASNET_LARGE)
 _register(stylegan.STYLEGAN)
+_register(mask_rcnn.MASK_RCNN)
 
 
 def names() -> list[str]:

@@ -1,0 +1,182 @@
+"""Mask R-CNN: the static-shape detection ops against direct references, and the workload."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxbench import precision, workload as wl
+from models import detection_ops as ops
+from models import mask_rcnn as mr
+from models import mask_rcnn_data
+
+TINY = mr.MASK_RCNN.resolve(tiny=True)
+
+
+def _random_boxes(rng, n, size):
+  xy = rng.uniform(0, size * 0.8, (n, 2))
+  wh = rng.uniform(4, size * 0.4, (n, 2))
+  return np.concatenate([xy, xy + wh], axis=1).astype(np.float32)
+
+
+def _iou(a, b):
+  w = max(min(a[2], b[2]) - max(a[0], b[0]) + 1, 0)
+  h = max(min(a[3], b[3]) - max(a[1], b[1]) + 1, 0)
+  area = lambda x: (x[2] - x[0] + 1) * (x[3] - x[1] + 1)
+  return w * h / (area(a) + area(b) - w * h)
+
+
+def test_detectron_cell_anchors():
+  # By hand from Detectron's generate_anchors: stride 4, size 32, ratios 0.5, 1, 2.
+  expected = [[-22, -10, 25, 13], [-14, -14, 17, 17], [-10, -22, 13, 25]]
+  np.testing.assert_array_equal(ops.cell_anchors(4, 32, (0.5, 1.0, 2.0)), expected)
+  grid = ops.grid_anchors(4, 32, (0.5, 1.0, 2.0), 2, 3)
+  np.testing.assert_array_equal(grid[3 * 4 + 1], np.array(expected[1]) + [4, 4, 4, 4])
+
+
+def test_nms_matches_greedy_reference():
+  rng = np.random.default_rng(0)
+  for threshold in (0.3, 0.7):
+    boxes = _random_boxes(rng, 80, 64)
+    valid = rng.uniform(size=80) > 0.1
+    keep = np.asarray(jax.jit(ops.nms, static_argnums=2)(boxes, valid, threshold))
+    expected = np.zeros(80, bool)
+    for i in range(80):
+      expected[i] = valid[i] and not any(
+          expected[j] and _iou(boxes[j], boxes[i]) > threshold for j in range(i))
+    np.testing.assert_array_equal(keep, expected)
+    assert 0 < keep.sum() < valid.sum()  # suppression happened
+
+
+def _roi_align_reference(feature, box, stride, out, ratio):
+  """maskrcnn-benchmark's legacy ROIAlign forward, one sample point at a time."""
+  h, w, c = feature.shape
+  x1, y1, x2, y2 = np.asarray(box, np.float64) / stride
+  bin_h, bin_w = max(y2 - y1, 1.0) / out, max(x2 - x1, 1.0) / out
+  result = np.zeros((out, out, c))
+
+  def bilinear(y, x):
+    if y < -1.0 or y > h or x < -1.0 or x > w:
+      return np.zeros(c)
+    y, x = max(y, 0.0), max(x, 0.0)
+    yl, xl = int(y), int(x)
+    yh, xh = min(yl + 1, h - 1), min(xl + 1, w - 1)
+    if yl >= h - 1:
+      yl = yh = h - 1
+      y = float(yl)
+    if xl >= w - 1:
+      xl = xh = w - 1
+      x = float(xl)
+    ly, lx = y - yl, x - xl
+    return ((1 - ly) * (1 - lx) * feature[yl, xl] + (1 - ly) * lx * feature[yl, xh]
+            + ly * (1 - lx) * feature[yh, xl] + ly * lx * feature[yh, xh])
+
+  for ph in range(out):
+    for pw in range(out):
+      for iy in range(ratio):
+        for ix in range(ratio):
+          result[ph, pw] += bilinear(y1 + ph * bin_h + (iy + 0.5) * bin_h / ratio,
+                                     x1 + pw * bin_w + (ix + 0.5) * bin_w / ratio)
+  return result / ratio**2
+
+
+def test_multilevel_roi_align_matches_direct_bilinear():
+  rng = np.random.default_rng(1)
+  strides = (4, 8, 16)
+  features = [rng.normal(size=(64 // s, 48 // s, 3)).astype(np.float32) for s in strides]
+  boxes = np.concatenate([_random_boxes(rng, 8, 48), [[-6, -5, 70, 60], [40, 50, 47, 63]]])
+  levels = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 0], np.int32)
+  got = jax.jit(ops.multilevel_roi_align, static_argnums=(3, 4, 5))(
+      features, boxes, levels, strides, 5, 2)
+  for i, (box, level) in enumerate(zip(boxes, levels)):
+    expected = _roi_align_reference(features[level], box, strides[level], 5, 2)
+    np.testing.assert_allclose(got[i], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_roi_levels_follow_fpn_equation():
+  side = np.array([32, 111, 112, 224, 448, 900], np.float32) - 1
+  boxes = np.stack([np.zeros(6), np.zeros(6), side, side], axis=1)
+  np.testing.assert_array_equal(ops.roi_levels(boxes, 4), [0, 0, 1, 2, 3, 3])
+
+
+@pytest.mark.parametrize('num_pos,num_neg', [(300, 600), (10, 900), (10, 100), (0, 700)])
+def test_sampler_fixed_count_and_fraction(num_pos, num_neg):
+  n, size = 1000, 512
+  rng = np.random.default_rng(num_pos + num_neg)
+  kind = rng.permutation(np.repeat([1, 0, -1], [num_pos, num_neg, n - num_pos - num_neg]))
+  priority = jax.random.uniform(jax.random.key(num_pos), (n,))
+  idx, is_pos, valid = jax.jit(ops.sample, static_argnums=(3, 4))(
+      priority, kind == 1, kind == 0, size, 0.25)
+  idx, is_pos, valid = map(np.asarray, (idx, is_pos, valid))
+  assert idx.shape == is_pos.shape == valid.shape == (size,)
+  assert is_pos.sum() == min(num_pos, size // 4)
+  assert valid.sum() == min(num_pos, size // 4) + min(num_neg, size - min(num_pos, size // 4))
+  assert np.all(kind[idx[is_pos]] == 1) and np.all(kind[idx[valid & ~is_pos]] == 0)
+  assert len(set(idx[valid].tolist())) == valid.sum()  # no candidate drawn twice
+
+
+def test_padding_instances_never_become_targets():
+  batch = jax.jit(lambda key: mask_rcnn_data.make_batch(TINY, key, 1))(jax.random.key(3))
+  image = jax.tree.map(lambda x: x[0], batch)
+  count = int(image['gt_valid'].sum())
+  assert 0 < count < TINY['max_instances']
+  h, w = TINY['content_size']
+  full = jnp.array([0, 0, w - 1, h - 1], jnp.float32)
+  # Padding that would win every match if it were not masked: full-image boxes and masks.
+  pad = ~image['gt_valid']
+  loud = dict(image, gt_boxes=jnp.where(pad[:, None], full, image['gt_boxes']),
+              gt_classes=jnp.where(pad, 7, image['gt_classes']),
+              gt_masks=jnp.where(pad[:, None, None], 1, image['gt_masks']).astype(jnp.uint8))
+  proposals = jnp.concatenate([_random_boxes(np.random.default_rng(0), 31, 60), full[None]])
+  priority = jax.random.uniform(jax.random.key(0), (1200,))
+
+  def targets(gt):
+    roi = mr.roi_targets(TINY, priority[:38], proposals, jnp.ones(32, bool), gt['gt_boxes'],
+                         gt['gt_classes'], gt['gt_masks'], gt['gt_valid'])
+    anchors = jnp.concatenate([ops.grid_anchors(4, 8, (0.5, 1.0, 2.0), 16, 16),
+                               ops.grid_anchors(8, 16, (0.5, 1.0, 2.0), 8, 8)])
+    rpn = mr.rpn_targets(TINY, anchors, priority[:anchors.shape[0]], gt['gt_boxes'],
+                         gt['gt_valid'])
+    return roi, rpn
+
+  (roi, rpn), (roi_loud, rpn_loud) = jax.jit(targets)(image), jax.jit(targets)(loud)
+  assert np.all(np.asarray(roi['roi_gt'])[np.asarray(roi['roi_positive'])] < count)
+  assert roi['roi_positive'].sum() >= count  # the gt boxes themselves are positives
+  for a, b in zip(jax.tree.leaves((roi, rpn)), jax.tree.leaves((roi_loud, rpn_loud))):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_full_size_parameter_count():
+  cfg = mr.MASK_RCNN.resolve()
+  trainer = mr.MASK_RCNN.trainer(cfg, precision.get('fp32'))
+  shapes = jax.eval_shape(trainer.init, jax.random.key(0))
+  count = wl.count_params(shapes.params)
+  # maskrcnn-benchmark R-101-FPN, 81 classes: 63,287,477 parameters (frozen stem and res2
+  # convolutions included as in its .parameters(); FrozenBatchNorm2d buffers excluded).
+  assert count == 63_287_477
+  assert abs(count - 63.3e6) / 63.3e6 < 0.01
+  assert 'frozen_bn' in shapes.model_state and 'batch_stats' not in shapes.model_state
+  frozen = shapes.params['backbone']
+  frozen = wl.count_params({k: v for k, v in frozen.items() if k == 'stem' or
+                            k.startswith('res2_')})
+  assert frozen == 9408 + 212_992
+
+
+@pytest.mark.slow
+def test_step_compiles_once_finite_and_freezes_stem():
+  trainer = mr.MASK_RCNN.trainer(TINY, precision.get('fp32'))
+  state = jax.jit(trainer.init)(jax.random.key(0))
+  batch = jax.jit(trainer.make_batch, static_argnums=1)(jax.random.key(1), 2)
+  step = jax.jit(trainer.step)
+  new, metrics = step(state, batch, jax.random.key(2))
+  new, metrics = step(new, batch, jax.random.key(2))
+  assert step._cache_size() == 1
+  for name, value in metrics.items():
+    assert np.isfinite(value), name
+  assert set(metrics) >= {'loss_objectness', 'loss_rpn_box_reg', 'loss_classifier',
+                          'loss_box_reg', 'loss_mask'}
+  before, after = state.params['backbone'], new.params['backbone']
+  np.testing.assert_array_equal(before['stem']['kernel'], after['stem']['kernel'])
+  np.testing.assert_array_equal(before['res2_0']['conv2']['kernel'],
+                                after['res2_0']['conv2']['kernel'])
+  assert not np.array_equal(before['res3_0']['conv2']['kernel'], after['res3_0']['conv2']['kernel'])
