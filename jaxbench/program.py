@@ -73,10 +73,11 @@ class Program:
     peak = temp = args = 0
     if mem is not None:
       temp, args = int(mem.temp_size_in_bytes), int(mem.argument_size_in_bytes)
-      peak = int(getattr(mem, 'peak_memory_in_bytes', 0) or 0)
-      if peak <= 0:
-        peak = (args + int(mem.output_size_in_bytes) + temp - int(mem.alias_size_in_bytes)
-                + int(mem.generated_code_size_in_bytes))
+      # XLA allocates the temporaries as one buffer beside the arguments; the sum
+      # is what must fit. (memory_analysis' own peak_memory_in_bytes came out
+      # below the temporaries alone on the H200, and that batch failed to run.)
+      peak = (args + int(mem.output_size_in_bytes) + temp - int(mem.alias_size_in_bytes)
+              + int(mem.generated_code_size_in_bytes))
     return Compiled(n=n, executable=executable, compile_s=compile_s, peak_bytes=peak,
                     temp_bytes=temp, argument_bytes=args)
 
