@@ -4,8 +4,10 @@ from jaxbench import workload as wl
 from models import bert, nasnet, transformer
 from models import fconv
 from models import deeplab
+from models import yolo
 from models import mt_dnn
 from models import stylegan
+from models import pix2pixhd
 from models import xlm
 from models import mask_rcnn
 
@@ -26,8 +28,10 @@ _register(bert.BERT_BASE, bert.BERT_SQUAD)
 _register(mt_dnn.MT_DNN)
 _register(xlm.UNSUPMT)
 _register(deeplab.DEEPLABV3)
+_register(yolo.YOLOV3)
 _register(nasnet.NASNET_LARGE)
 _register(stylegan.STYLEGAN)
+_register(pix2pixhd.PIX2PIXHD)
 _register(mask_rcnn.MASK_RCNN)
 
 

@@ -9,16 +9,16 @@ import numpy as np
 import optax
 
 from jaxbench import workload as wl
-from models import xception
+from models import rbg_init, xception
 
 IGNORE_LABEL = 255
 HEAD_BN_EPS = 1e-5  # DeepLab's ASPP and decoder batch norm
 # model.py's _split_separable_conv2d and logits initializers; other head convs use slim's
 # default (Glorot uniform).
-SEP_DEPTHWISE_INIT = nn.initializers.truncated_normal(0.33)
-SEP_POINTWISE_INIT = nn.initializers.truncated_normal(0.06)
-LOGITS_INIT = nn.initializers.truncated_normal(0.01)
-GLOROT = nn.initializers.glorot_uniform()
+SEP_DEPTHWISE_INIT = rbg_init.rbg(nn.initializers.truncated_normal(0.33))
+SEP_POINTWISE_INIT = rbg_init.rbg(nn.initializers.truncated_normal(0.06))
+LOGITS_INIT = rbg_init.rbg(nn.initializers.truncated_normal(0.01))
+GLOROT = rbg_init.rbg(nn.initializers.glorot_uniform())
 
 
 def scale_dimension(size: int, scale: float) -> int:
@@ -110,7 +110,7 @@ def make_batch(cfg, rng, n):
   regions); a band along each region boundary is labelled 255, as VOC marks
   object outlines 'void'.
   """
-  map_rng, color_rng, noise_rng = jax.random.split(rng, 3)
+  map_rng, color_rng, noise_rng = jax.random.split(rbg_init.rbg_key(rng), 3)
   crop, grid, classes = cfg['crop'], cfg['label_grid'], cfg['classes']
   coarse = jax.random.randint(map_rng, (n, grid, grid), 0, classes, jnp.int32)
   cell = jnp.arange(crop) * grid // crop

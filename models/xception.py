@@ -10,8 +10,10 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models import rbg_init
+
 # xception_arg_scope: truncated-normal weights, batch-norm decay 0.9997, epsilon 1e-3.
-BACKBONE_INIT = nn.initializers.truncated_normal(0.09)
+BACKBONE_INIT = rbg_init.rbg(nn.initializers.truncated_normal(0.09))
 BACKBONE_BN_EPS = 1e-3
 BN_DECAY = 0.9997
 

@@ -18,7 +18,7 @@ def _separable(cin, cout):
 
 
 def _reference_xception65_params():
-  """Xception-65 of deeplab/core/xception.py, counted from its layer list (weights, BN beta/gamma)."""
+  """Xception-65 as deeplab/core/xception.py lists it: weights plus BN beta and gamma."""
   count = 3 * 3 * 3 * 32 + 2 * 32 + 3 * 3 * 32 * 64 + 2 * 64  # entry_flow/conv1_1, conv1_2
   cin = 64
   blocks = ([((128, 128, 128), True), ((256, 256, 256), True), ((728, 728, 728), True)]
