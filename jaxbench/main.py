@@ -8,7 +8,7 @@ import sys
 from absl import flags
 
 from flags import run as run_flags
-from flags import search as search_flags  # noqa: F401  (defines the search flags)
+from flags import search as search_flags
 
 FLAGS = flags.FLAGS
 
@@ -25,8 +25,20 @@ def main(argv: list[str]) -> int:
     _fail(str(e).splitlines()[0])
   if extra:
     _fail(f'unexpected arguments: {" ".join(extra)}')
-  # Imported after parsing so that --help and flag errors stay fast.
-  from jaxbench import backend, bench, cli, describe, report  # pylint: disable=g-import-not-at-top
+  from jaxbench import backend  # pylint: disable=g-import-not-at-top
+
+  # XLA reads its memory and compiler options once, when the backend starts,
+  # and importing a model may start it: configure first, import the rest after.
+  limit = search_flags.MEMORY_LIMIT_GB.value
+  if limit is not None and limit <= 0:
+    _fail(f'--memory_limit_gb must be positive, got {limit}')
+  try:
+    memory = backend.configure(limit, search_flags.REMAT.value,
+                               search_flags.COMPILATION_CACHE_DIR.value,
+                               search_flags.TRITON_GEMM.value)
+  except backend.BackendError as e:
+    _fail(str(e))
+  from jaxbench import bench, cli, describe, report  # pylint: disable=g-import-not-at-top
 
   try:
     plan = cli.plan(FLAGS)
@@ -39,11 +51,6 @@ def main(argv: list[str]) -> int:
     for w in plan.workloads:
       print(describe.describe(w, plan.options.tiny, dict(plan.options.overrides)))
     return 0
-  try:
-    memory = backend.configure(plan.memory_limit_gb, plan.remat, plan.compilation_cache_dir,
-                               plan.triton_gemm)
-  except backend.BackendError as e:
-    _fail(str(e))
   options = bench.resolve_tiny(plan.options, run_flags.TINY.value)
   results = []
   for w in plan.workloads:
