@@ -1,0 +1,61 @@
+"""BERT SQuAD: the reference's parameter count, its span loss and its synthetic spans."""
+
+import jax
+import numpy as np
+
+from jaxbench import precision
+from jaxbench import workload as wl
+from models import bert
+
+
+def _reference_qa_params(vocab=30522, h=768, layers=12, ffn=3072, positions=512, types=2):
+  """HF BertForQuestionAnswering (no pooler): embeddings, layers, qa_outputs Linear(h, 2)."""
+  embeddings = (vocab + positions + types) * h + 2 * h  # three tables and a LayerNorm
+  layer = 4 * (h * h + h) + 2 * h + (h * ffn + ffn) + (ffn * h + h) + 2 * h
+  return embeddings + layers * layer + (2 * h + 2)
+
+
+def test_squad_param_count_matches_reference():
+  w = bert.BERT_SQUAD
+  trainer = w.trainer(w.resolve(), precision.get('fp32'))
+  state = jax.eval_shape(trainer.init, jax.random.key(0))
+  assert wl.param_counts(trainer, state)['total'] == _reference_qa_params() == 108_893_186
+
+
+def test_bert_base_is_unchanged():
+  w = bert.BERT_BASE
+  state = jax.eval_shape(w.trainer(w.resolve(), precision.get('fp32')).init, jax.random.key(0))
+  assert wl.count_params(state.params) == 110_106_428
+
+
+def _log_softmax(x):
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def test_squad_loss_is_mean_of_start_and_end_cross_entropy():
+  cfg = bert.BERT_SQUAD.resolve(tiny=True)
+  model = bert.BertSquad(cfg)
+  batch = jax.jit(lambda rng: bert.squad_batch(cfg, rng, 3))(jax.random.key(1))
+  params = jax.jit(lambda rng: model.init(rng, batch, train=False))(jax.random.key(0))
+  start_logits, end_logits = jax.jit(lambda p: model.apply(p, batch, train=False))(params)
+  assert start_logits.shape == end_logits.shape == (3, cfg['seq_len'])
+  loss, metrics = bert.squad_loss(cfg, (start_logits, end_logits), batch)
+
+  rows = np.arange(3)
+  start_ce = -_log_softmax(np.asarray(start_logits))[rows, np.asarray(batch['start_positions'])]
+  end_ce = -_log_softmax(np.asarray(end_logits))[rows, np.asarray(batch['end_positions'])]
+  np.testing.assert_allclose(float(metrics['start_loss']), start_ce.mean(), rtol=1e-5)
+  np.testing.assert_allclose(float(metrics['end_loss']), end_ce.mean(), rtol=1e-5)
+  np.testing.assert_allclose(float(loss), (start_ce.mean() + end_ce.mean()) / 2, rtol=1e-5)
+  assert not np.isclose(start_ce.mean(), end_ce.mean())  # the two terms are really distinct
+
+
+def test_squad_spans_lie_in_the_context():
+  cfg = bert.BERT_SQUAD.resolve()
+  batch = jax.jit(lambda rng: bert.squad_batch(cfg, rng, 64))(jax.random.key(2))
+  start, end = np.asarray(batch['start_positions']), np.asarray(batch['end_positions'])
+  segments = np.asarray(batch['segments'])
+  assert batch['tokens'].shape == (64, 384)
+  assert (segments[np.arange(64), start] == 1).all()  # answers start in the context
+  assert (start <= end).all() and (end < 384 - 1).all() and (end - start < 30).all()
