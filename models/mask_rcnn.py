@@ -22,9 +22,9 @@ from models import resnet_fpn
 
 RPN_WEIGHTS = (1.0, 1.0, 1.0, 1.0)
 ROI_WEIGHTS = (10.0, 10.0, 5.0, 5.0)  # MODEL.ROI_HEADS.BBOX_REG_WEIGHTS
-normal = nn.initializers.normal
-fc_init = nn.initializers.variance_scaling(1.0, 'fan_in', 'uniform')  # make_fc: kaiming a=1
-mask_init = nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
+normal = lambda std: resnet_fpn.rbg(nn.initializers.normal(std))
+fc_init = resnet_fpn.rbg(nn.initializers.variance_scaling(1.0, 'fan_in', 'uniform'))  # a=1
+mask_init = resnet_fpn.rbg(nn.initializers.variance_scaling(2.0, 'fan_out', 'normal'))
 
 
 def strides(cfg):
@@ -166,7 +166,7 @@ class MaskRCNN(nn.Module):
     b, num_anchors = features[0].shape[0], sum(a.shape[0] for a in anchors)
     gt_boxes, gt_valid = batch['gt_boxes'], batch['gt_valid']
     # The samplers' randomness: one draw (each jax.random call compiles its own hash).
-    priority = jax.random.uniform(self.make_rng('dropout'), (
+    priority = jax.random.uniform(resnet_fpn.as_rbg(self.make_rng('dropout')), (
         b, num_anchors + cfg['post_nms_top_n'] + gt_valid.shape[1]))
 
     rpn_idx, rpn_pos, rpn_valid, rpn_box_targets = jax.vmap(
@@ -177,7 +177,12 @@ class MaskRCNN(nn.Module):
 
     # Proposals carry no gradient, as in the reference (they are detached).
     per_image = jax.tree.map(jax.lax.stop_gradient, levels)
-    proposals, proposals_valid = jax.vmap(lambda o: propose(cfg, o, anchors))(per_image)
+    if self.is_initializing():
+      # The heads' shapes do not depend on which RoIs: skip NMS and sampling in `init`.
+      proposals = jnp.zeros((b, cfg['post_nms_top_n'], 4), jnp.float32)
+      proposals_valid = jnp.ones((b, cfg['post_nms_top_n']), bool)
+    else:
+      proposals, proposals_valid = jax.vmap(lambda o: propose(cfg, o, anchors))(per_image)
     t = jax.vmap(functools.partial(roi_targets, cfg))(
         priority[:, num_anchors:], proposals, proposals_valid, gt_boxes, batch['gt_classes'],
         batch['gt_masks'], gt_valid)

@@ -12,6 +12,8 @@ to_image_list pads to a size divisible by 32.
 import jax
 import jax.numpy as jnp
 
+from models import resnet_fpn
+
 PIXEL_MEAN = jnp.array([102.9801, 115.9465, 122.7717], jnp.float32)
 
 
@@ -85,4 +87,5 @@ def make_batch(cfg, rng, n):
     return {'images': image, 'gt_boxes': boxes, 'gt_classes': classes,
             'gt_masks': _gt_masks(cfg, valid, exponent), 'gt_valid': valid}
 
-  return jax.vmap(one)(jax.random.split(rng, n))
+  # RBG keys: each threefry draw would compile its own hash kernel.
+  return jax.vmap(one)(jax.random.split(resnet_fpn.as_rbg(rng), n))
