@@ -57,10 +57,13 @@ def test_flops_include_the_generation():
 
 @pytest.fixture(scope='module')
 def tiny():
+  """The tiny model's parts, a state, three sentences, and generation jitted once."""
   parts = xlm.build(CFG, precision.get('fp32'))
   state = jax.jit(parts.init)(jax.random.key(0))
   sentences = W.trainer(CFG, precision.get('fp32')).make_batch(jax.random.key(1), 3)['bt'][0]
-  return parts, state, sentences
+  generate = jax.jit(lambda p, s: xlm.generate(parts.module, p, s, xlm.EN, xlm.FR,
+                                               xlm.max_len(CFG)))
+  return parts, state, sentences, generate
 
 
 def _with_eos_bias(params, bias):
@@ -69,44 +72,44 @@ def _with_eos_bias(params, bias):
   return {**params, 'decoder': decoder}
 
 
+@pytest.mark.slow
 def test_generation_stops_at_its_length_and_matches_teacher_forcing(tiny):
-  parts, state, src = tiny
+  parts, state, src, generate = tiny
   length = xlm.max_len(CFG)
-  gen = jax.jit(lambda p, s: xlm.generate(parts.module, p, s, xlm.EN, xlm.FR, length))
   # EOS never chosen: every row runs to max_len and is closed there.
-  never = np.asarray(gen(_with_eos_bias(state.params, -1e4), src))
+  never = np.asarray(generate(_with_eos_bias(state.params, -1e4), src))
   assert never.shape == (src.shape[0], length)
   assert (never[:, 0] == noise.EOS).all() and (never[:, -1] == noise.EOS).all()
   assert (never[:, 1:-1] >= noise.FIRST_WORD).all()
   # The cached steps agree with a full teacher-forced pass over the generated prefix.
-  logits = parts.module.apply({'params': _with_eos_bias(state.params, -1e4)}, src, xlm.EN,
-                              jnp.asarray(never[:, :-1]), xlm.FR, False)
+  logits = jax.jit(parts.module.apply, static_argnums=5)(
+      {'params': _with_eos_bias(state.params, -1e4)}, src, xlm.EN, jnp.asarray(never[:, :-1]),
+      xlm.FR, False)
   np.testing.assert_array_equal(np.argmax(logits, -1)[:, :-1], never[:, 1:-1])
   # EOS always chosen: each sentence ends at once and the rest is padding.
-  at_once = np.asarray(gen(_with_eos_bias(state.params, 1e4), src))
+  at_once = np.asarray(generate(_with_eos_bias(state.params, 1e4), src))
   assert (at_once[:, :2] == noise.EOS).all() and (at_once[:, 2:] == noise.PAD).all()
 
 
 @pytest.mark.slow
 def test_back_translation_trains_on_the_generated_source(tiny):
-  parts, state, sentences = tiny
+  parts, state, sentences, generate = tiny
   rng = jax.random.key(3)
   new_state, loss, generated = jax.jit(
       lambda st, s, r: parts.bt_step(st, s, xlm.EN, xlm.FR, r))(state, sentences, rng)
-  expected = xlm.generate(parts.module, state.params, sentences, xlm.EN, xlm.FR,
-                          xlm.max_len(CFG))
-  np.testing.assert_array_equal(generated, expected)
-  # XLM's sanity check: two EOS per generated sentence.
+  # The source is the current model's greedy translation, closed by EOS as XLM checks.
+  np.testing.assert_array_equal(generated, generate(state.params, sentences))
   assert ((np.asarray(generated) == noise.EOS).sum(axis=1) == 2).all()
 
   @jax.jit
-  def bt_loss(source, source_lang):
-    logits = parts.module.apply({'params': state.params}, source, source_lang,
+  def bt_loss(source):
+    logits = parts.module.apply({'params': state.params}, source, xlm.FR,
                                 sentences[:, :-1], xlm.EN, True, rngs={'dropout': rng})
     return xlm.cross_entropy(logits, sentences[:, 1:])
 
-  np.testing.assert_allclose(loss, bt_loss(generated, xlm.FR), rtol=1e-5)
-  assert abs(float(loss) - float(bt_loss(sentences, xlm.EN))) > 1e-3
+  # The update's loss is the loss of that source (and not of another sentence's).
+  np.testing.assert_allclose(loss, bt_loss(generated), rtol=1e-5)
+  assert abs(float(loss) - float(bt_loss(jnp.roll(generated, 1, axis=0)))) > 1e-3
   assert new_state.opt_state[1][0].count == 1  # one optimizer update
 
 
@@ -147,7 +150,8 @@ def test_word_shuffle_moves_words_less_than_three_places():
 
 def test_word_dropout_keeps_a_subsequence_and_pads_the_end():
   rows, lengths = _rows()
-  out = np.asarray(jax.jit(noise.word_dropout, static_argnums=2)(rows, jax.random.key(1), 0.1))
+  dropout = jax.jit(noise.word_dropout, static_argnums=2)
+  out = np.asarray(dropout(rows, jax.random.key(1), 0.1))
   assert out.shape == rows.shape
   dropped = 0
   for row, new, m in zip(np.asarray(rows), out, lengths):
@@ -159,16 +163,16 @@ def test_word_dropout_keeps_a_subsequence_and_pads_the_end():
     dropped += m - len(kept)
   assert 0.05 < dropped / lengths.sum() < 0.15
   # Dropping everything still leaves one word, as XLM does.
-  out = np.asarray(noise.word_dropout(rows, jax.random.key(2), 0.999999))
+  out = np.asarray(dropout(rows, jax.random.key(2), 0.999999))
   assert ((out != noise.PAD).sum(axis=1) == 3).all()
 
 
 def test_word_blank_masks_only_words_and_noise_keeps_shapes():
   rows, lengths = _rows()
-  out = np.asarray(noise.word_blank(rows, jax.random.key(3), 0.1))
+  out = np.asarray(jax.jit(noise.word_blank, static_argnums=2)(rows, jax.random.key(3), 0.1))
   changed = out != np.asarray(rows)
   assert (out[changed] == noise.MASK).all()
   assert not changed[:, 0].any() and not changed[np.arange(len(rows)), lengths + 1].any()
   assert 0.05 < changed.sum() / lengths.sum() < 0.15
-  noisy = noise.add_noise(rows, jax.random.key(4), CFG)
+  noisy = jax.jit(lambda r, k: noise.add_noise(r, k, CFG))(rows, jax.random.key(4))
   assert noisy.shape == rows.shape and noisy.dtype == rows.dtype
