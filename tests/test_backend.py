@@ -1,0 +1,41 @@
+"""XLA set-up before the backend starts: flags, the memory cap, the refusal afterwards."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _python(code, **env):
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '', **env}
+  r = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True,
+                     text=True, timeout=120)
+  assert r.returncode == 0, r.stderr
+  return r.stdout.strip()
+
+
+def test_remat_is_disabled_unless_asked_and_triton_gemm_off_by_default():
+  code = ('import os; from jaxbench import backend; m = backend.configure({limit}, {remat}); '
+          'print(os.environ["XLA_FLAGS"]); print(m.describe())')
+  flags, described = _python(code.format(limit=None, remat=False)).splitlines()
+  assert '--xla_disable_hlo_passes=rematerialization' in flags.split()
+  assert '--xla_gpu_enable_triton_gemm=false' in flags.split()
+  assert described == 'full device memory'
+  flags, described = _python(code.format(limit=0.5, remat=True)).splitlines()
+  assert 'rematerialization' not in flags
+  # Without a GPU the limit is enforced on the compile-time analysis.
+  assert described == '0.5 GB limit (checked against compile-time analysis)'
+
+
+def test_configure_refuses_once_the_backend_has_started():
+  out = _python('import jax; jax.devices(); from jaxbench import backend\n'
+                'try:\n  backend.configure(None, False)\nexcept backend.BackendError as e:\n'
+                '  print("refused:", e)')
+  assert out.startswith('refused: the JAX backend already started')
+
+
+def test_existing_xla_flags_are_kept():
+  out = _python('import os; from jaxbench import backend; backend.configure(None, False); '
+                'print(os.environ["XLA_FLAGS"])', XLA_FLAGS='--xla_dump_to=/tmp/x')
+  assert out.split()[0] == '--xla_dump_to=/tmp/x'
