@@ -135,7 +135,8 @@ class SanClassifier(nn.Module):
     s_BxH = m_BxH * jnp.einsum('bl,blh->bh', alpha_BxL.astype(self.dtype), hidden_BxLxH)
 
     # The turns share their weights: a scan compiles one turn, not `turns` copies.
-    turns = nn.scan(SanTurn, variable_broadcast='params', split_rngs={'params': False, 'dropout': True},
+    turns = nn.scan(SanTurn, variable_broadcast='params',
+                    split_rngs={'params': False, 'dropout': True},
                     in_axes=(nn.broadcast, nn.broadcast), length=self.turns)
     _, logits_TxBxC = turns(self.classes, self.dropout, train, self.dtype, name='turn')(
         s_BxH, hidden_BxLxH, second_BxL)
