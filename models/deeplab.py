@@ -113,10 +113,11 @@ def make_batch(cfg, rng, n):
   map_rng, color_rng, noise_rng = jax.random.split(rbg_init.rbg_key(rng), 3)
   crop, grid, classes = cfg['crop'], cfg['label_grid'], cfg['classes']
   coarse = jax.random.randint(map_rng, (n, grid, grid), 0, classes, jnp.int32)
-  cell = jnp.arange(crop) * grid // crop
+  pixels = jnp.arange(crop)
+  cell = pixels * grid // crop
+  before = jnp.maximum(pixels - cfg['ignore_band'], 0) * grid // crop  # no wrap-around
   labels = coarse[:, cell][:, :, cell]
-  band = cfg['ignore_band']
-  border = ((labels != jnp.roll(labels, band, axis=1)) | (labels != jnp.roll(labels, band, axis=2)))
+  border = ((labels != coarse[:, before][:, :, cell]) | (labels != coarse[:, cell][:, :, before]))
   labels = jnp.where(border, IGNORE_LABEL, labels)
   palette = jax.random.uniform(color_rng, (classes + 1, 3), jnp.float32, -1.0, 1.0)
   noise = 0.3 * jax.random.normal(noise_rng, (n, crop, crop, 3), jnp.float32)
@@ -150,8 +151,15 @@ def optimizer(cfg):
                      optax.sgd(schedule, momentum=cfg['momentum']))
 
 
-def flops_per_example(cfg):
-  """Training FLOPs of one crop: 3x the forward convolutions and resize matmuls."""
+def _resize_flops(size, out, channels):
+  """The two matmuls of resize_bilinear (none when the size already matches)."""
+  if size == out:
+    return 0.0
+  return 2.0 * out * size * size * channels + 2.0 * out * out * size * channels
+
+
+def forward_flops(cfg, with_resizes=True):
+  """Forward FLOPs of one crop: every convolution, and the resize matmuls if asked."""
   crop, depth = cfg['crop'], cfg['aspp_depth']
   forward, s, low_size = xception.xception_forward_flops(cfg, crop)
   cin = cfg['exit_depths'][-1][-1]
@@ -160,21 +168,20 @@ def flops_per_example(cfg):
   forward += 2.0 * s * s * cin * depth  # aspp0
   forward += rates * 2.0 * s * s * cin * (9 + depth)  # separable branches
   forward += 2.0 * s * s * (rates + 2) * depth * depth  # concat projection
-  dec, proj, dd = scale_dimension(crop, 1.0 / cfg['decoder_output_stride']), \
-      cfg['projection_depth'], cfg['decoder_depth']
-  low_cin = cfg['entry_depths'][1][1]
-  forward += 2.0 * low_size * low_size * low_cin * proj
-
-  def resize(cin_hw, out, c):
-    if cin_hw == out:
-      return 0.0
-    return 2.0 * out * cin_hw * cin_hw * c + 2.0 * out * out * cin_hw * c
-
-  forward += resize(s, dec, depth) + resize(low_size, dec, proj)
+  dec = scale_dimension(crop, 1.0 / cfg['decoder_output_stride'])
+  proj, dd = cfg['projection_depth'], cfg['decoder_depth']
+  forward += 2.0 * low_size * low_size * cfg['entry_depths'][1][1] * proj
   forward += 2.0 * dec * dec * ((depth + proj) * (9 + dd) + dd * (9 + dd))  # decoder separables
   forward += 2.0 * dec * dec * dd * cfg['classes']  # logits
-  forward += resize(dec, crop, cfg['classes'])
-  return 3.0 * forward
+  if with_resizes:
+    forward += (_resize_flops(s, dec, depth) + _resize_flops(low_size, dec, proj)
+                + _resize_flops(dec, crop, cfg['classes']))
+  return forward
+
+
+def flops_per_example(cfg):
+  """Training FLOPs of one crop: 3x the forward convolutions and resize matmuls."""
+  return 3.0 * forward_flops(cfg)
 
 
 DEEPLABV3_CONFIG = dict(

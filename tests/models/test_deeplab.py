@@ -94,3 +94,11 @@ def test_weight_decay_skips_depthwise_and_batch_norm():
   assert names['xception_65/entry_flow_conv1_1/conv/kernel']
   assert names['logits/kernel'] and not names['logits/bias']
   assert not any(v for k, v in names.items() if 'depthwise/kernel' in k or '/bn/' in k)
+
+
+def test_flops_match_deeplab_model_zoo():
+  # deeplab/g3doc/model_zoo.md: xception65_coco_voc_trainaug, eval OS 16, one scale, 513x513:
+  # 54.17B multiply-adds (convolutions; our resizes are matmuls counted on top).
+  macs = deeplab.forward_flops(CFG, with_resizes=False) / 2
+  np.testing.assert_allclose(macs, 54.17e9, rtol=0.005)
+  assert deeplab.flops_per_example(CFG) == 3 * deeplab.forward_flops(CFG)
