@@ -10,6 +10,7 @@ from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
+import numpy as np
 
 # pix2pixHD's weights_init draws every convolution kernel from N(0, 0.02).
 KERNEL_STD = 0.02
@@ -20,10 +21,23 @@ def reflect_pad(x_BxHxWxC, p):
   return jnp.pad(x_BxHxWxC, ((0, 0), (p, p), (p, p), (0, 0)), mode='reflect')
 
 
+def _window_counts(size):
+  """How many of each 3-wide, stride-2, 1-padded window's taps fall inside `size`."""
+  starts = 2 * np.arange((size + 1) // 2) - 1
+  return np.minimum(starts + 3, size) - np.maximum(starts, 0)
+
+
 def downsample(x_BxHxWxC):
-  """AvgPool2d(3, stride 2, padding 1, count_include_pad=False): the input pyramid."""
-  return nn.avg_pool(x_BxHxWxC, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)),
-                     count_include_pad=False)
+  """AvgPool2d(3, stride 2, padding 1, count_include_pad=False): the input pyramid.
+
+  The border divisors are numpy constants: flax's count_include_pad=False pools an
+  array of ones, which XLA then constant-folds slowly at every call site.
+  """
+  h, w = x_BxHxWxC.shape[1:3]
+  sums = nn.avg_pool(x_BxHxWxC, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1))) * 9.0
+  inv_rows = (1.0 / _window_counts(h)).astype(np.float32)[:, None, None]
+  inv_cols = (1.0 / _window_counts(w)).astype(np.float32)[None, :, None]
+  return sums * inv_rows.astype(x_BxHxWxC.dtype) * inv_cols.astype(x_BxHxWxC.dtype)
 
 
 class _Layers(nn.Module):

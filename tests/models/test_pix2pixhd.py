@@ -2,6 +2,7 @@
 
 import functools
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from jaxbench import precision
 from jaxbench import workload as wl
-from models import pix2pixhd, vgg
+from models import pix2pixhd, pix2pixhd_nets, vgg
 
 W = pix2pixhd.PIX2PIXHD
 TINY = W.resolve(tiny=True)
@@ -24,6 +25,8 @@ def _trainer(cfg=TINY, policy='fp32'):
   return W.trainer(cfg, precision.get(policy))
 
 
+# The fixture compiles init, the batch and the combined gradient (about 30 s of CPU):
+# the tests that use it are marked slow.
 @pytest.fixture(scope='module')
 def tiny():
   """Tiny state, a fixed batch of 2, and the jitted gradient of the combined loss."""
@@ -45,6 +48,7 @@ def test_param_counts_at_full_size():
   assert wl.count_params(shapes.vgg_params) > 12_000_000  # VGG19 up to conv5_1
 
 
+@pytest.mark.slow
 def test_one_step_updates_both_networks(tiny):
   state, batch, _ = tiny
   new, metrics = jax.jit(_trainer().step)(state, batch, jax.random.key(0))
@@ -74,12 +78,14 @@ def _train_one(tiny, net, metric, steps=12):
   return values
 
 
+@pytest.mark.slow
 def test_discriminator_loss_falls_with_generator_frozen(tiny):
   values = _train_one(tiny, 'discriminator', 'd_loss')
   assert np.all(np.isfinite(values))
   assert np.mean(values[-3:]) < 0.5 * np.mean(values[:3]), values
 
 
+@pytest.mark.slow
 def test_generator_loss_falls_with_discriminator_frozen(tiny):
   values = _train_one(tiny, 'generator', 'g_loss')
   assert np.all(np.isfinite(values))
@@ -101,6 +107,7 @@ def test_combined_gradient_is_each_networks_own(tiny):
                  grads[net], expected)
 
 
+@pytest.mark.slow
 def test_vgg_loss_zero_for_identical_images(tiny):
   state, batch, _ = tiny
   module = vgg.VGG19Features(TINY['vgg_base'])
@@ -119,6 +126,13 @@ def test_batch_is_a_plausible_label_map():
   assert np.all(instance // 1000 == np.where(instance >= 1000, label, 0))
   image = np.asarray(batch['image'])
   assert image.min() >= -1.0 and image.max() <= 1.0
+
+
+def test_downsample_divides_by_the_taps_inside():
+  x = jax.random.normal(jax.random.key(0), (1, 7, 10, 2))
+  expected = nn.avg_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)),
+                         count_include_pad=False)
+  np.testing.assert_allclose(pix2pixhd_nets.downsample(x), expected, rtol=1e-6)
 
 
 def test_instance_edges_mark_both_sides_of_a_boundary():
