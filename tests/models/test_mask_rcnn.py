@@ -115,6 +115,7 @@ def test_sampler_fixed_count_and_fraction(num_pos, num_neg):
   assert len(set(idx[valid].tolist())) == valid.sum()  # no candidate drawn twice
 
 
+@pytest.mark.slow
 def test_padding_instances_never_become_targets():
   batch = jax.jit(lambda key: mask_rcnn_data.make_batch(TINY, key, 1))(jax.random.key(3))
   image = jax.tree.map(lambda x: x[0], batch)
@@ -146,6 +147,7 @@ def test_padding_instances_never_become_targets():
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_full_size_parameter_count():
   cfg = mr.MASK_RCNN.resolve()
   trainer = mr.MASK_RCNN.trainer(cfg, precision.get('fp32'))
