@@ -14,7 +14,8 @@ import jax.numpy as jnp
 
 from models import resnet_fpn
 
-PIXEL_MEAN = jnp.array([102.9801, 115.9465, 122.7717], jnp.float32)
+# A tuple, not a jnp array: an array here would start the JAX backend on import.
+PIXEL_MEAN = (102.9801, 115.9465, 122.7717)
 
 
 def _inside(u, v, exponent):
@@ -64,7 +65,8 @@ def _image(cfg, rng, boxes, valid, exponent, colour):
 
   # A scan keeps one image live instead of a [G, H, W] stack of masks.
   image, _ = jax.lax.scan(paint, image, (boxes, valid, exponent, colour))
-  image = image[..., ::-1] - PIXEL_MEAN  # RGB -> BGR255 minus the mean, as the reference
+  # RGB -> BGR255 minus the mean, as the reference.
+  image = image[..., ::-1] - jnp.asarray(PIXEL_MEAN, jnp.float32)
   content = (ys < content_h) & (xs < content_w)
   return jnp.where(content[..., None], image, 0.0)
 

@@ -39,3 +39,10 @@ def test_existing_xla_flags_are_kept():
   out = _python('import os; from jaxbench import backend; backend.configure(None, False); '
                 'print(os.environ["XLA_FLAGS"])', XLA_FLAGS='--xla_dump_to=/tmp/x')
   assert out.split()[0] == '--xla_dump_to=/tmp/x'
+
+
+def test_importing_every_workload_leaves_the_backend_unstarted():
+  """main configures XLA after parsing flags: no model module may start JAX on import."""
+  out = _python('from jaxbench import registry; from jax._src import xla_bridge; '
+                'print(len(registry.names()), xla_bridge.backends_are_initialized())')
+  assert out.split()[1] == 'False', out
