@@ -9,6 +9,7 @@ from absl import flags
 
 from flags import run as run_flags
 from flags import search as search_flags
+from flags import sweep as sweep_flags  # noqa: F401  (defines --gpu, --gpus, --store, ...)
 
 FLAGS = flags.FLAGS
 
@@ -25,11 +26,20 @@ def main(argv: list[str]) -> int:
     _fail(str(e).splitlines()[0])
   if extra:
     _fail(f'unexpected arguments: {" ".join(extra)}')
+  from jaxbench import emulation  # pylint: disable=g-import-not-at-top
+
+  try:
+    req = emulation.request(FLAGS)
+  except ValueError as e:
+    _fail(str(e))
+  if req.kind == emulation.SWEEP:  # each cell in a fresh process: this one starts no JAX
+    from jaxbench import sweep  # pylint: disable=g-import-not-at-top
+    return sweep.main(FLAGS, list(req.gpus), _fail)
   from jaxbench import backend  # pylint: disable=g-import-not-at-top
 
   # XLA reads its memory and compiler options once, when the backend starts,
   # and importing a model may start it: configure first, import the rest after.
-  limit = search_flags.MEMORY_LIMIT_GB.value
+  limit = req.limit_gb if req.gpus else search_flags.MEMORY_LIMIT_GB.value
   if limit is not None and limit <= 0:
     _fail(f'--memory_limit_gb must be positive, got {limit}')
   try:
@@ -38,7 +48,7 @@ def main(argv: list[str]) -> int:
                                search_flags.TRITON_GEMM.value)
   except backend.BackendError as e:
     _fail(str(e))
-  from jaxbench import bench, cli, describe, report  # pylint: disable=g-import-not-at-top
+  from jaxbench import bench, cli, describe, predict, report  # pylint: disable=g-import-not-at-top
 
   try:
     plan = cli.plan(FLAGS)
@@ -52,17 +62,26 @@ def main(argv: list[str]) -> int:
       print(describe.describe(w, plan.options.tiny, dict(plan.options.overrides)))
     return 0
   options = bench.resolve_tiny(plan.options, run_flags.TINY.value)
-  results = []
+  predicting = req.kind == emulation.PREDICT
+  gpu = req.gpus[0] if req.gpus and not predicting else None
+  results, log = [], lambda line: print(line, flush=True)
   for w in plan.workloads:
-    print(f'{w.name}: {"max-batch search" if options.batch_size is None else "fixed batch"}'
-          f'{" (tiny preset)" if options.tiny else ""}', flush=True)
-    result = bench.run(w, options, memory, log=lambda line: print(line, flush=True))
-    results.append(result)
-    if plan.output:
-      report.append_jsonl(plan.output, result)
-  print()
-  print(report.table(results))
-  print(report.notes(results))
+    what = ('compile-only prediction' if predicting
+            else 'max-batch search' if options.batch_size is None else 'fixed batch')
+    print(f'{w.name}: {what}{" (tiny preset)" if options.tiny else ""}', flush=True)
+    for result in (predict.predict(w, options, list(req.gpus), plan.remat, log) if predicting
+                   else [emulation.annotate(bench.run(w, options, memory, log), gpu,
+                                            options.overrides)]):
+      results.append(result)
+      if plan.output:
+        report.append_jsonl(plan.output, result)
+  if not predicting:
+    print()
+    print(report.table(results))
+    print(report.notes(results))
+    for r in results:
+      if r['emulation']:
+        print(f"{r['workload']}: {r['emulation']['how']}, as a {r['emulation']['display']}")
   return 0 if all(r['status'] in ('ok', 'oom') for r in results) else 1
 
 

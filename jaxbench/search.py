@@ -82,6 +82,8 @@ def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom):
     trial.outcome = OOM_PREDICTED
     trial.detail = f'predicted peak {compiled.peak_bytes / 1e9:.3f} GB > budget {budget_bytes / 1e9:.3f} GB'
     return trial, None
+  if run_steps == 0:
+    return trial, compiled  # compile-only: fits means "predicted to fit"
   start = time.perf_counter()
   try:
     program.run(compiled, run_steps)
@@ -162,8 +164,14 @@ def _next_probe(trials: list[Trial], budget: int | None, lo: int, hi: int | None
 
 def find_max_batch(program: prog.Program, budget_bytes: int | None, max_examples: int = 1 << 20,
                    verify_predicted_oom: bool = False,
-                   on_trial: Callable[[Trial], None] | None = None) -> Result:
-  """Search the largest number of examples whose step fits; see the module docstring."""
+                   on_trial: Callable[[Trial], None] | None = None, run_steps: int = 2) -> Result:
+  """Search the largest number of examples whose step fits; see the module docstring.
+
+  run_steps=0 is the compile-only search (--predict): nothing runs, a batch fits when its
+  predicted peak is within the budget, so the budget must be given.
+  """
+  if run_steps == 0 and budget_bytes is None:
+    raise ValueError('a compile-only search needs a memory budget')
   start = time.perf_counter()
   trials: list[Trial] = []
   best: prog.Compiled | None = None
@@ -171,7 +179,7 @@ def find_max_batch(program: prog.Program, budget_bytes: int | None, max_examples
   gallop, direction, line_missed = 1, None, False
   n = 1
   while True:
-    trial, compiled = probe(program, n, budget_bytes, verify_predicted_oom=verify_predicted_oom)
+    trial, compiled = probe(program, n, budget_bytes, run_steps, verify_predicted_oom)
     trials.append(trial)
     if on_trial:
       on_trial(trial)

@@ -1,0 +1,105 @@
+"""--predict: each card's max batch from XLA's compile-time memory analysis, nothing run.
+
+The compile-only search is search.find_max_batch with run_steps=0 and the card's cap
+(card memory - overhead, see catalog) as the budget: a batch fits when its predicted peak is
+within the cap. One workload's compiles are shared by all cards (a memo keyed by the batch),
+so predicting eight cards costs little more than predicting the largest. The prediction is
+for the backend it compiles on: run it on a GPU to predict GPUs (XLA:CPU plans memory
+differently).
+"""
+
+import dataclasses
+import datetime
+import os
+import sys
+import time
+from typing import Any, Callable, Iterator
+
+import jax
+
+import jaxbench
+from jaxbench import bench, catalog, emulation, precision, search
+from jaxbench import program as prog
+from jaxbench import workload as wl
+
+
+class PeakMemo:
+  """A Program whose compile is memoized by batch, executables dropped: peaks are all we need."""
+
+  def __init__(self, program: prog.Program):
+    self.program, self.workload, self.cfg = program, program.workload, program.cfg
+    self._peaks: dict[int, prog.Compiled | Exception] = {}
+    self.compiles = 0
+
+  def compile(self, n: int) -> prog.Compiled:
+    if n not in self._peaks:
+      self.compiles += 1
+      try:
+        self._peaks[n] = dataclasses.replace(self.program.compile(n), executable=None)
+      except Exception as e:  # pylint: disable=broad-except
+        self._peaks[n] = RuntimeError(prog.first_line(e))  # no traceback: it pins buffers
+        prog.release()
+        raise self._peaks[n] from None
+      return self._peaks[n]
+    hit = self._peaks[n]
+    if isinstance(hit, Exception):
+      raise hit
+    return dataclasses.replace(hit, compile_s=0.0)  # reused: no compile time spent
+
+  def run(self, compiled: prog.Compiled, steps: int) -> float:
+    raise RuntimeError('a compile-only search runs nothing')
+
+
+def predict(w: wl.Workload, opts: bench.Options, gpus: list[catalog.Gpu], remat: bool = False,
+            log: Callable[[str], None] = print) -> Iterator[dict[str, Any]]:
+  """One result per card, smallest card first, as each is found: the max batch under its cap."""
+  policy = precision.get(opts.precision or w.default_precision)
+  cfg = w.resolve(tiny=opts.tiny, overrides=dict(opts.overrides))
+  program = prog.Program(w, cfg, policy, seed=opts.seed)
+  memo = PeakMemo(program)
+  header = {
+      'schema': bench.SCHEMA, 'jaxbench_version': jaxbench.__version__,
+      'jax_version': jax.__version__, 'python': sys.version.split()[0],
+      'device': bench.device_info(), 'xla_flags': os.environ.get('XLA_FLAGS', ''),
+      'workload': w.name, 'unit': w.unit, 'throughput_unit': w.throughput_unit,
+      'precision': policy.name, 'tiny': opts.tiny, 'config': dict(cfg),
+      'params': program.param_counts(),
+  }
+  for gpu in sorted(gpus, key=lambda g: g.cap_bytes):
+    start, compiles = time.perf_counter(), memo.compiles
+    found = search.find_max_batch(memo, gpu.cap_bytes, opts.max_examples, run_steps=0)
+    fits = [t for t in found.trials if t.fits and t.examples == found.max_examples]
+    result = {
+        **header,
+        'timestamp': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+        'memory': {'limit_bytes': gpu.cap_bytes, 'budget_bytes': gpu.cap_bytes,
+                   'enforced_by': 'compile-time prediction', 'remat': remat},
+        'search': {'mode': 'predict', 'trials': [dataclasses.asdict(t) for t in found.trials],
+                   'seconds': round(time.perf_counter() - start, 2),
+                   'compiles': memo.compiles - compiles},
+        'max_examples': found.max_examples,
+        'max_batch': found.max_examples * w.example_size(cfg),
+        'predicted_peak_bytes': fits[0].predicted_peak_bytes if fits else None,
+        'measurement': None,
+    }
+    if found.error is not None:
+      result.update(status='error', error=found.error)
+    elif found.max_examples == 0:
+      result.update(status='oom', error='not even one example is predicted to fit')
+    else:
+      result.update(status='ok', error=None)
+    emulation.annotate(result, gpu, opts.overrides, mode='predict')
+    log(line(result))
+    yield result
+
+
+def line(r: dict[str, Any]) -> str:
+  """One line per prediction, for the console."""
+  emu = r['emulation']
+  what = ('OOM' if r['status'] == 'oom' else f"{r['max_batch']} {r['unit']}"
+          if r['status'] == 'ok' else f"error: {r['error']}")
+  peak = r.get('predicted_peak_bytes')
+  return (f"  {r['workload']} {r['precision']} on {emu['gpu']} (cap {emu['cap_bytes'] / 1e9:.2f} GB):"
+          f" predicted max batch {what}"
+          f"{'' if peak is None else f', peak {peak / 1e9:.3f} GB'}"
+          f" ({len(r['search']['trials'])} probes, {r['search']['compiles']} compiles)")
