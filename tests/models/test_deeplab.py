@@ -67,9 +67,11 @@ def test_ignore_label_is_ignored():
   assert 0.02 < ignored.mean() < 0.6  # some void pixels, mostly real classes
   assert ((labels < TINY['classes']) | ignored).all()
   crop = TINY['crop']
-  logits = jax.random.normal(jax.random.key(1), (2, crop, crop, TINY['classes']))
+  # numpy draws: eager threefry normals cost seconds of compile each on CPU.
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(2, crop, crop, TINY['classes'])), jnp.float32)
   value = loss(logits)
-  noise = 10 * jax.random.normal(jax.random.key(2), logits.shape)
+  noise = jnp.asarray(10 * rng.normal(size=logits.shape), jnp.float32)
   at_void = jnp.where(ignored[..., None], logits + noise, logits)
   np.testing.assert_allclose(loss(at_void), value, rtol=1e-6)
   at_valid = jnp.where(ignored[..., None], logits, logits + noise)
@@ -81,7 +83,7 @@ def test_resize_aligns_corners():
   y = deeplab.resize_bilinear(x, 3, 3)[0, :, :, 0]
   np.testing.assert_allclose(y, [[0, 0.5, 1], [1, 1.5, 2], [2, 2.5, 3]])
   # 33 -> 129: every fourth output is an input sample exactly.
-  z = jax.random.normal(jax.random.key(0), (1, 33, 33, 2))
+  z = jnp.asarray(np.random.default_rng(0).normal(size=(1, 33, 33, 2)), jnp.float32)
   np.testing.assert_allclose(deeplab.resize_bilinear(z, 129, 129)[:, ::4, ::4], z, rtol=1e-5,
                              atol=1e-6)
 

@@ -82,13 +82,14 @@ def test_padding_boxes_never_become_targets():
 
 def test_loss_ignores_padding_on_a_synthetic_batch():
   cfg = yolo.YOLOV3.resolve(tiny=True)
-  batch = yolo.make_batch(cfg, jax.random.key(3), 4)
+  make_batch = jax.jit(lambda key: yolo.make_batch(cfg, key, 4))
+  batch = make_batch(jax.random.key(3))
   valid = batch['valid']
   assert valid.any(axis=1).all() and not valid.all()  # real boxes, and padding, in each image
   # Raw head outputs of the tiny model's shapes (grids 2, 4, 8): the loss is under test.
-  keys = jax.random.split(jax.random.key(0), 3)
-  outputs = [jax.random.normal(k, (4, g, g, 3, 85)) for k, g in zip(keys, (2, 4, 8))]
-  other = yolo.make_batch(cfg, jax.random.key(4), 4)
+  rng = np.random.default_rng(0)
+  outputs = [jnp.asarray(rng.normal(size=(4, g, g, 3, 85)), jnp.float32) for g in (2, 4, 8)]
+  other = make_batch(jax.random.key(4))
   scrambled = dict(batch, boxes=jnp.where(valid[..., None], batch['boxes'], other['boxes']),
                    classes=jnp.where(valid, batch['classes'], other['classes']))
   loss = jax.jit(lambda o, b: yolo.loss(cfg, o, b))
