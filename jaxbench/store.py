@@ -48,8 +48,8 @@ def read(path: str) -> tuple[list[dict[str, Any]], str | None]:
   warning = None
   if bad:
     trailing = bad == [len(lines) if lines[-1].strip() else len(lines) - 1]
-    where = (f'its last line ({bad[0]})' if trailing
-             else f'{len(bad)} line(s) ({", ".join(map(str, bad[:5]))}{"..." if len(bad) > 5 else ""})')
+    listed = ', '.join(map(str, bad[:5])) + (', ...' if len(bad) > 5 else '')
+    where = f'its last line ({bad[0]})' if trailing else f'line(s) {listed}'
     warning = f'warning: store {path}: {where} is not a whole result (a write cut short?); skipped'
   return records, warning
 

@@ -1,0 +1,144 @@
+"""Sweeps: cells, failures recorded, progress, and resume after a kill with nothing lost or doubled.
+
+The cells run tests/fake_cell.py instead of jaxbench.main (a real cell compiles for minutes on
+two CPU cores); the command line is sweep.command's, so its flags are what a real cell gets.
+"""
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from jaxbench import store, sweep
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+FAKE = os.path.join(HERE, 'fake_cell.py')
+WORKLOADS = [('bert_base', 'fp32'), ('transformer_big', 'fp16'), ('mt_dnn', 'fp32')]
+
+
+def fake_command(store_path):
+  def make(group):
+    cmd = sweep.command(group, store_path, ['--steps=2'])
+    assert cmd[1:3] == ['-m', 'jaxbench.main']
+    return [sys.executable, FAKE] + cmd[3:]
+  return make
+
+
+def _cells(mode='run', gpus=('rtx_2060', 't4')):
+  return sweep.plan(WORKLOADS, list(gpus), None, True, (('seq_len', '64'),), mode)
+
+
+def _run(path, cells, timeout_s=60, **kw):
+  lines = []
+  failed = sweep.run(cells, path, fake_command(path), timeout_s,
+                     out=lambda s, end='\n': lines.append(s + end), **kw)
+  return failed, ''.join(lines).splitlines()
+
+
+def test_plan_and_command():
+  cells = sweep.plan(WORKLOADS, ['t4'], ['fp32', 'bf16'], False, (), 'run')
+  assert [(c.workload, c.precision) for c in cells] == [
+      ('bert_base', 'fp32'), ('bert_base', 'bf16'), ('transformer_big', 'fp32'),
+      ('transformer_big', 'bf16'), ('mt_dnn', 'fp32'), ('mt_dnn', 'bf16')]
+  assert [c.precision for c in _cells()] == ['fp32', 'fp32', 'fp16', 'fp16', 'fp32', 'fp32']
+  cmd = sweep.command([cells[0]], '/s.jsonl', ['--steps=2'])
+  assert cmd[1:] == ['-m', 'jaxbench.main', '--model=bert_base', '--precision=fp32', '--notiny',
+                     '--gpu=t4', '--output=/s.jsonl', '--steps=2']
+  predict = _cells('predict')
+  assert [len(g) for g in sweep.groups(predict)] == [2, 2, 2]  # one process per workload
+  assert '--gpus=rtx_2060,t4' in sweep.command(sweep.groups(predict)[0], '/s', [])
+
+
+def test_sweep_records_each_cell_and_skips_them_on_rerun(tmp_path):
+  path = str(tmp_path / 's.jsonl')
+  failed, lines = _run(path, _cells())
+  assert failed == 0
+  keys = [store.key_of(r) for r in store.read(path)[0]]
+  assert sorted(keys) == sorted(c.key for c in _cells())
+  assert lines[0] == f'sweep: 6 cells, 0 already in {path}, 6 to run'
+  assert lines[1].startswith('[1/6] bert_base fp32 on rtx_2060 tiny seq_len=64: 8 sequences, 100')
+  assert 'elapsed' in lines[6] and 'left' in lines[6] and lines[6].startswith('[6/6]')
+  failed, lines = _run(path, _cells())
+  assert lines[0].endswith('6 already in ' + path + ', 0 to run')
+  assert len(store.read(path)[0]) == 6
+
+
+def test_predict_cells_share_a_process(tmp_path):
+  path = str(tmp_path / 's.jsonl')
+  assert _run(path, _cells('predict'))[0] == 0
+  records = store.read(path)[0]
+  assert {r['mode'] for r in records} == {'predict'} and len(records) == 6
+  by_workload = collections.defaultdict(set)
+  for r in records:
+    by_workload[r['workload']].add(r['pid'])
+  assert all(len(pids) == 1 for pids in by_workload.values())
+
+
+def test_a_crash_and_a_timeout_are_recorded_and_the_sweep_goes_on(tmp_path, monkeypatch):
+  path = str(tmp_path / 's.jsonl')
+  monkeypatch.setenv('FAKE_CRASH', 'bert_base')
+  monkeypatch.setenv('FAKE_HANG', 'mt_dnn')
+  failed, lines = _run(path, _cells(), timeout_s=3)
+  assert failed == 4
+  latest = store.latest(store.read(path)[0])
+  status = {(k[1], k[2]): r['status'] for k, r in latest.items()}
+  assert status[('transformer_big', 't4')] == 'ok'
+  assert status[('bert_base', 't4')] == status[('mt_dnn', 't4')] == 'failed'
+  crash = latest[_cells()[0].key]
+  assert 'killed by signal 6' in crash['error'] and 'the fake cell crashed' in crash['log_tail']
+  assert 'timed out after 3 s' in latest[_cells()[-1].key]['error']
+  assert crash['emulation']['cap_bytes'] == 6 * 2**30 - 768 * 2**20
+  monkeypatch.delenv('FAKE_CRASH')
+  assert _run(path, _cells())[1][0].endswith('0 to run')  # failures count as done ...
+  monkeypatch.delenv('FAKE_HANG')
+  assert _run(path, _cells(), retry_failed=True)[0] == 0  # ... until retried
+  latest = store.latest(store.read(path)[0])
+  assert {r['status'] for r in latest.values()} == {'ok'} and len(latest) == 6
+
+
+def test_a_corrupt_trailing_line_is_reported_and_the_sweep_appends_whole_lines(tmp_path):
+  path = str(tmp_path / 's.jsonl')
+  with open(path, 'w') as f:
+    f.write('{"workload": "bert_ba')
+  failed, lines = _run(path, _cells(gpus=('t4',)))
+  assert failed == 0 and lines[0].startswith('warning: store') and 'last line (1)' in lines[0]
+  records, warning = store.read(path)
+  assert len(records) == 3 and 'line(s) 1 is not' in warning
+
+
+DRIVER = '''
+import sys
+sys.path[:0] = [{root!r}, {here!r}]
+from jaxbench import sweep
+import test_sweep
+cells = test_sweep._cells(gpus=('rtx_2060', 't4', 'l4', 'a10'))
+sweep.run(cells, {path!r}, test_sweep.fake_command({path!r}), 60)
+'''
+
+
+@pytest.mark.slow
+def test_a_sweep_killed_mid_way_resumes_with_nothing_lost_or_doubled(tmp_path):
+  path = str(tmp_path / 's.jsonl')
+  env = {**os.environ, 'FAKE_SLEEP': '0.3'}
+  proc = subprocess.Popen([sys.executable, '-c', DRIVER.format(root=ROOT, here=HERE, path=path)],
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  deadline = time.monotonic() + 60
+  while len(store.read(path)[0]) < 4 and time.monotonic() < deadline:
+    time.sleep(0.05)
+  os.kill(proc.pid, signal.SIGKILL)  # the sweep dies mid-way; its running cell dies with it
+  proc.wait()
+  done = len(store.read(path)[0])
+  assert 4 <= done < 12
+  time.sleep(1.0)  # an orphaned cell would write within 0.3 s
+  assert len(store.read(path)[0]) == done
+  cells = _cells(gpus=('rtx_2060', 't4', 'l4', 'a10'))
+  failed, lines = _run(path, cells)
+  assert failed == 0 and lines[0].endswith(f'{done} already in {path}, {12 - done} to run')
+  keys = collections.Counter(store.key_of(r) for r in store.read(path)[0])
+  assert set(keys) == {c.key for c in cells} and set(keys.values()) == {1}
+  assert store.read(path)[1] is None
