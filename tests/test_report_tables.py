@@ -1,0 +1,107 @@
+"""The report from fixture results: 2020 layout, published figures beside ours, ratios, PNGs."""
+
+import csv
+import os
+
+import matplotlib.image
+import pytest
+
+from jaxbench import catalog, report, render, report_main, tables
+
+
+def _result(workload, gpu, max_batch, units_per_s=None, mode='run', status='ok', precision='fp32'):
+  return {'schema': 'jaxbench.result/1', 'mode': mode, 'workload': workload,
+          'precision': precision, 'tiny': False, 'overrides': [],
+          'emulation': {**catalog.get(gpu).emulation(), 'how': 'fixture'},
+          'unit': 'sequences', 'throughput_unit': 'sequences/s', 'status': status,
+          'max_batch': max_batch, 'max_examples': max_batch,
+          'measurement': None if units_per_s is None else {'units_per_s': units_per_s}}
+
+
+FIXTURE = [
+    _result('bert_base', 'rtx_2060', 8, 68.0), _result('bert_base', 'quadro_rtx_8000', 150, 188.0),
+    _result('bert_base', 'rtx_2060', 10, mode='predict'),
+    _result('bert_base', 'quadro_rtx_8000', 150, mode='predict'),
+    _result('pix2pixhd', 'rtx_2080_ti', 0, status='oom'),
+    _result('transformer_big', 'h200', 3000, 9000.0, precision='fp16'),
+    _result('mt_dnn', 'rtx_2060', 0, status='failed'),
+]
+
+
+def _rows(table, workload):
+  return {r[1]: r[2:] for r in table.rows if r[0] == workload}
+
+
+def test_max_batch_table_sets_ours_beside_the_published_rows():
+  data = tables.collect(FIXTURE)
+  built = render.build_tables(data, 'quadro_rtx_8000')
+  t = built['max_batch']
+  assert t.header[2:10] == [g.display for g in catalog.lambda2020()] and t.header[10] == 'H200'
+  bert = _rows(t, 'bert_base')
+  assert list(bert) == ['2020 published', 'emulated fp32', 'predicted fp32',
+                        'emulated fp32 / 2020', 'predicted fp32 / 2020']
+  assert bert['2020 published'][0] == '8' and bert['2020 published'][7] == '128'
+  assert bert['emulated fp32'][0] == '8' and bert['emulated fp32'][7] == '150'
+  assert bert['emulated fp32 / 2020'][7] == '1.17' and bert['predicted fp32 / 2020'][0] == '1.25'
+  pix = _rows(t, 'pix2pixhd')
+  assert pix['emulated fp32'][4] == 'OOM' and pix['emulated fp32 / 2020'][4] == 'both OOM'
+  assert _rows(t, 'mt_dnn')['emulated fp32'][0] == 'failed'
+  assert _rows(t, 'transformer_big')['2020 published †'][7] == '16000'
+  assert _rows(t, 'transformer_big')['emulated fp16'][8] == '3000'  # the H200 column
+  assert any('swapped' in n for n in t.notes) and any('768 MiB' in n for n in t.notes)
+  md = t.markdown()
+  assert '| bert_base | emulated fp32 | 8 |' in md and '† The published' in md
+
+
+def test_throughput_ratio_and_normalization():
+  data = tables.collect(FIXTURE)
+  built = render.build_tables(data, 'quadro_rtx_8000')
+  bert = _rows(built['throughput'], 'bert_base')
+  assert bert['2020 published'][0] == '34' and bert['emulated fp32'][0] == '68'
+  assert bert['emulated fp32 / 2020'][0] == '2.00' and 'predicted fp32' not in bert
+  norm = _rows(built['normalized'], 'bert_base')
+  assert norm['2020 published'][0] == f'{34 / 94:.2f}' and norm['2020 published'][7] == '1.00'
+  assert norm['emulated fp32'][0] == f'{68 / 188:.2f}'
+  summ = tables.summary(data, 'quadro_rtx_8000')
+  assert summ['emulated fp32']['rtx_2060'] == (pytest.approx(68 / 188), 1)
+  assert summ['2020 published']['quadro_rtx_8000'] == (pytest.approx(1.0), 12)
+  norm_t4 = render.build_tables(data, 'rtx_2060')['normalized']
+  assert _rows(norm_t4, 'bert_base')['2020 published'][7] == f'{94 / 34:.2f}'
+
+
+def test_prediction_error_is_measured_per_cell():
+  t = render.prediction_table(tables.collect(FIXTURE).records)
+  assert [r[2:] for r in t.rows] == [['Quadro RTX 8000', '150', '150', '+0.0%'],
+                                     ['RTX 2060', '10', '8', '+25.0%']]
+  assert t.notes[0] == '2 cells: mean absolute error 12.5%, 1 exact, 1 over-predicted'
+
+
+def test_a_retried_cell_shows_its_latest_result():
+  retried = FIXTURE + [_result('mt_dnn', 'rtx_2060', 1, 3.0)]
+  t = render.build_tables(tables.collect(retried), 'quadro_rtx_8000')['max_batch']
+  assert _rows(t, 'mt_dnn')['emulated fp32'][0] == '1'
+
+
+@pytest.mark.slow
+def test_report_command_writes_markdown_csv_and_pngs_that_open(tmp_path):
+  path = str(tmp_path / 's.jsonl')
+  for r in FIXTURE:
+    report.append_jsonl(path, r)
+  out = str(tmp_path / 'out')
+  paths = report_main.write(path, out, 'quadro_rtx_8000')
+  names = sorted(os.path.basename(p) for p in paths)
+  assert names == sorted(['max_batch.csv', 'throughput.csv', 'normalized.csv', 'summary.csv',
+                          'prediction.csv', 'report.md', 'max_batch.png', 'throughput.png',
+                          'normalized.png'])
+  for p in paths:
+    if p.endswith('.png'):
+      image = matplotlib.image.imread(p)
+      assert image.ndim == 3 and image.shape[0] > 100 and image.std() > 0
+  with open(os.path.join(out, 'max_batch.csv')) as f:
+    rows = list(csv.reader(f))
+  assert rows[0][:3] == ['workload', 'source', 'RTX 2060']
+  assert ['bert_base', 'emulated fp32', '8'] == rows[[r[:2] for r in rows].index(
+      ['bert_base', 'emulated fp32'])][:3]
+  md = open(os.path.join(out, 'report.md')).read()
+  assert '### Largest batch before OOM' in md and '![max_batch.png](max_batch.png)' in md
+  assert 'mean absolute error 12.5%' in md
