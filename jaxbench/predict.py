@@ -99,7 +99,8 @@ def line(r: dict[str, Any]) -> str:
   what = ('OOM' if r['status'] == 'oom' else f"{r['max_batch']} {r['unit']}"
           if r['status'] == 'ok' else f"error: {r['error']}")
   peak = r.get('predicted_peak_bytes')
-  return (f"  {r['workload']} {r['precision']} on {emu['gpu']} (cap {emu['cap_bytes'] / 1e9:.2f} GB):"
+  cap = emu['cap_bytes'] / 1e9
+  return (f"  {r['workload']} {r['precision']} on {emu['gpu']} (cap {cap:.2f} GB):"
           f" predicted max batch {what}"
           f"{'' if peak is None else f', peak {peak / 1e9:.3f} GB'}"
           f" ({len(r['search']['trials'])} probes, {r['search']['compiles']} compiles)")

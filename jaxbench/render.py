@@ -15,8 +15,9 @@ EMULATION_NOTE = (
     'card\'s memory less {overhead} MiB (driver reservation and CUDA context, see docs/sweep.md): '
     'their max batch is the emulated card\'s, their throughput is the host GPU\'s at that batch. '
     'Predicted rows come from the compile-time memory model and ran nothing.')
-BATCH_NOTE = ('Max batch in each workload\'s unit (images, sequences, or tokens = max_tokens); OOM: '
-              'not one example fits. The published batches are ladder values, not exact maxima.')
+BATCH_NOTE = ('Max batch in each workload\'s unit (images, sequences, or tokens = '
+              'max_tokens); OOM: not one example fits. The published batches are ladder '
+              'values, not exact maxima.')
 
 
 def build_tables(data: tables.Data, reference: str) -> dict[str, tables.Table]:
@@ -71,7 +72,8 @@ def prediction_table(records: list[dict[str, Any]]) -> tables.Table:
     rows.append([k[0], k[1] + (' tiny' if k[3] else ''), tables.display(k[2]),
                  str(p['max_batch']), str(m['max_batch']),
                  '' if err is None else f'{100 * err:+.1f}%'])
-  note = (f'{len(errors)} cells: mean absolute error {100 * sum(map(abs, errors)) / len(errors):.1f}%'
+  mae = 100 * sum(map(abs, errors)) / max(len(errors), 1)
+  note = (f'{len(errors)} cells: mean absolute error {mae:.1f}%'
           f', {sum(e == 0 for e in errors)} exact, {sum(e > 0 for e in errors)} over-predicted'
           if errors else 'No cell has both a prediction and an emulated run yet.')
   return tables.Table('Predicted vs emulated max batch',

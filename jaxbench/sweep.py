@@ -107,7 +107,8 @@ def outcome(record: dict[str, Any] | None) -> str:
     return f"predicted {record['max_batch']} {unit}"
   if status == 'ok':
     m = record.get('measurement') or {}
-    return f"{record['max_batch']} {unit}, {m.get('units_per_s', 0):,.4g} {record['throughput_unit']}"
+    rate = m.get('units_per_s') or 0
+    return f"{record['max_batch']} {unit}, {rate:,.4g} {record['throughput_unit']}"
   if status == 'oom':
     return 'OOM (not one example fits)'
   return f"{status}: {(record.get('error') or '')[:80]}"
@@ -160,7 +161,8 @@ def run(cells: list[Cell], store_path: str, make_command: Callable[[list[Cell]],
       finished += 1
       elapsed = time.monotonic() - start
       left = elapsed / finished * (len(todo) - finished)
-      head = '' if i == 0 else f'[{len(cells) - len(todo) + finished}/{len(cells)}] {cell.label()}: '
+      head = ('' if i == 0
+              else f'[{len(cells) - len(todo) + finished}/{len(cells)}] {cell.label()}: ')
       out(f'{head}{outcome(latest.get(cell.key))} ({_hms(seconds / len(group))}) | '
           f'elapsed {_hms(elapsed)}, ~{_hms(left)} left')
   out(f'sweep: done, {failed} failed this run' + (f' (log: {log_path})' if failed else ''))
