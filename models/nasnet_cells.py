@@ -1,4 +1,5 @@
-"""The NASNet-A cells (Zoph et al. 2018, "Learning Transferable Architectures"), as slim's nasnet_utils.
+"""The NASNet-A cells (Zoph et al. 2018, "Learning Transferable Architectures for Scalable
+Image Recognition"), as slim's nets/nasnet/nasnet_utils.py.
 
 A cell takes the outputs of the two previous cells (h0 = this input, h1 = the
 one before), runs five combinations of two operations each, sums each pair
@@ -54,7 +55,7 @@ def conv(features, kernel, dtype, name, stride=1, groups=1, padding='SAME'):
 
 
 class SeparableStack(nn.Module):
-  """Twice ReLU, separable convolution (depthwise then pointwise), batch norm; stride on the first."""
+  """Twice: ReLU, separable convolution (depthwise, pointwise), batch norm; the first strides."""
 
   filters: int
   kernel: int
@@ -123,16 +124,15 @@ class Cell(nn.Module):
       return batch_norm(train, self.dtype, 'prev_bn')(prev)
     return prev
 
-  def _drop_path(self, x, progress, train):
+  def _drop_path(self, x, noise_B, progress):
     """Zero a whole example's branch with probability 1 - keep, scaling survivors by 1/keep."""
-    if not train or self.keep_prob >= 1.0:
+    if noise_B is None:
       return x
     keep = 1.0 - progress * (1.0 - self.keep_prob)
-    noise = jax.random.uniform(self.make_rng('dropout'), (x.shape[0], 1, 1, 1))
-    mask = jnp.floor(keep + noise)
+    mask = jnp.floor(keep + noise_B)[:, None, None, None]
     return (x / keep * mask).astype(x.dtype)
 
-  def _operation(self, x, op, stride, name, train, progress):
+  def _operation(self, x, op, stride, name, train, noise_B, progress):
     kind, kernel = op
     f = self.filters
     if kind == 'sep':
@@ -149,20 +149,26 @@ class Cell(nn.Module):
       if x.shape[-1] != f:
         x = conv(f, 1, self.dtype, f'{name}_1x1')(x)
         x = batch_norm(train, self.dtype, f'{name}_bn_1')(x)
-    return self._drop_path(x, progress, train)
+    return self._drop_path(x, noise_B, progress)
 
   @nn.compact
   def __call__(self, x, prev, train, progress=1.0):
     prev = self._adjust_prev(prev, x, train)
     h = conv(self.filters, 1, self.dtype, '1x1')(nn.relu(x))
     states = [batch_norm(train, self.dtype, 'beginning_bn')(h), prev]
+    noise = None
+    if train and self.keep_prob < 1.0:
+      # One draw for all ten branches: independent per branch and example, as
+      # slim's per-branch draws, in one random-number kernel instead of ten.
+      noise = jax.random.uniform(self.make_rng('dropout'), (len(self.spec.ops), x.shape[0]))
     for i in range(5):
       branches = []
       for j, side in ((2 * i, 'left'), (2 * i + 1, 'right')):
         src = self.spec.inputs[j]
         stride = self.stride if src < 2 else 1  # only the cell inputs are strided
-        branches.append(self._operation(states[src], self.spec.ops[j], stride,
-                                        f'comb_iter_{i}_{side}', train, progress))
+        branches.append(self._operation(
+            states[src], self.spec.ops[j], stride, f'comb_iter_{i}_{side}', train,
+            None if noise is None else noise[j], progress))
       states.append(branches[0] + branches[1])
     # NASNet-A's wiring leaves every unused state at the output's shape, so
     # slim's reshaping of mismatched unused states never fires.

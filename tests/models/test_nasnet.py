@@ -1,5 +1,7 @@
 """NASNet-A Large: full-size parameter and FLOP counts, drop-path only in training."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,15 +35,31 @@ def test_full_size_flops_match_the_paper():
   assert abs(mult_adds - PAPER_MULT_ADDS) / PAPER_MULT_ADDS < 0.01, mult_adds
 
 
-def _cell_outputs(keep_prob, train, rng, progress=1.0):
-  """A reduction cell (8 drop-path branches) on a batch of 8, at fixed parameters."""
+def _cell_inputs():
   x = jax.random.normal(jax.random.key(0), (8, 8, 8, 16))
   prev = jax.random.normal(jax.random.key(1), (8, 8, 8, 24))
+  return x, prev
+
+
+@functools.cache
+def _cell_variables():
+  x, prev = _cell_inputs()
+  cell = cells.Cell(cells.REDUCTION, 16, 2, 1.0)
+  return jax.jit(lambda k: cell.init(k, x, prev, False))(jax.random.key(2))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _apply_cell(variables, keep_prob, train, rng, progress):
+  x, prev = _cell_inputs()
   cell = cells.Cell(cells.REDUCTION, 16, 2, keep_prob)
-  variables = cells.Cell(cells.REDUCTION, 16, 2, 1.0).init(jax.random.key(2), x, prev, False)
   out, _ = cell.apply(variables, x, prev, train, progress, rngs={'dropout': rng},
                       mutable=['batch_stats'])
-  return np.asarray(out)
+  return out
+
+
+def _cell_outputs(keep_prob, train, rng, progress=1.0):
+  """A reduction cell (8 drop-path branches) on a batch of 8, at fixed parameters."""
+  return np.asarray(_apply_cell(_cell_variables(), keep_prob, train, rng, progress))
 
 
 def test_drop_path_is_off_at_evaluation():
