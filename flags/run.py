@@ -3,22 +3,34 @@
 from absl import flags
 
 MODEL = flags.DEFINE_list('model', [], 'Workload(s) to run, comma-separated; see --list_models.')
-LIST_MODELS = flags.DEFINE_bool('list_models', False, 'List the workloads (name, unit, description).')
+LIST_MODELS = flags.DEFINE_bool(
+  'list_models', False, 'List the workloads (name, unit, description).'
+)
 DESCRIBE = flags.DEFINE_bool(
-    'describe', False, 'Print one JSON object per --model workload (name, unit, exact parameter '
-    'count from jax.eval_shape, config) without running anything.')
+  'describe',
+  False,
+  'Print one JSON object per --model workload (name, unit, exact parameter '
+  'count from jax.eval_shape, config) without running anything.',
+)
 BATCH_SIZE = flags.DEFINE_integer(
-    'batch_size', None, 'Skip the search and measure at this batch, in the workload\'s unit '
-    '(images, sequences, or tokens = max_tokens for translation).')
+  'batch_size',
+  None,
+  'Skip the search and measure at this batch, in the workload\'s unit '
+  '(images, sequences, or tokens = max_tokens for translation).',
+)
 PRECISION = flags.DEFINE_string(
-    'precision', None, 'fp32 | tf32 | bf16 | fp16. Default: the 2020 benchmark\'s per workload.')
+  'precision', None, 'fp32 | tf32 | bf16 | fp16. Default: the 2020 benchmark\'s per workload.'
+)
 WARMUP_STEPS = flags.DEFINE_integer('warmup_steps', 3, 'Untimed steps before timing.')
 STEPS = flags.DEFINE_integer('steps', 20, 'Timed steps, split evenly over --windows.')
 WINDOWS = flags.DEFINE_integer('windows', 5, 'Timed windows; the median and spread are over them.')
 SEED = flags.DEFINE_integer('seed', 0, 'Seed of parameters and synthetic batches.')
 TINY = flags.DEFINE_bool(
-    'tiny', None, 'Run the test-size preset. Default: off on a GPU, on without one.')
+  'tiny', None, 'Run the test-size preset. Default: off on a GPU, on without one.'
+)
 SET = flags.DEFINE_multi_string(
-    'set', [], 'Override a workload config key, KEY=VALUE (repeatable), e.g. '
-    '--set=src_len=40 --set=tgt_len=40.')
+  'set',
+  [],
+  'Override a workload config key, KEY=VALUE (repeatable), e.g. --set=src_len=40 --set=tgt_len=40.',
+)
 OUTPUT = flags.DEFINE_string('output', None, 'Append each result as one JSON line to this file.')

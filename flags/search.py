@@ -3,20 +3,36 @@
 from absl import flags
 
 MEMORY_LIMIT_GB = flags.DEFINE_float(
-    'memory_limit_gb', None, 'Behave as on a card with this much memory (GB, 1e9 bytes). On a GPU '
-    'it caps JAX\'s allocator before JAX starts; on the CPU it bounds the compile-time predicted '
-    'peak.')
+  'memory_limit_gb',
+  None,
+  'Behave as on a card with this much memory (GB, 1e9 bytes). On a GPU '
+  'it caps JAX\'s allocator before JAX starts; on the CPU it bounds the compile-time predicted '
+  'peak.',
+)
 REMAT = flags.DEFINE_bool(
-    'remat', False, 'Allow XLA\'s rematerialization pass, which recomputes activations to fit '
-    'oversize programs. Off by default: the max batch means "without recomputation".')
+  'remat',
+  False,
+  'Allow XLA\'s rematerialization pass, which recomputes activations to fit '
+  'oversize programs. Off by default: the max batch means "without recomputation".',
+)
 VERIFY_PREDICTED_OOM = flags.DEFINE_bool(
-    'verify_predicted_oom', False, 'Also run the batches whose predicted peak exceeds the budget, '
-    'to see them fail for real (slower; proves the compile-time forecast).')
+  'verify_predicted_oom',
+  False,
+  'Also run the batches whose predicted peak exceeds the budget, '
+  'to see them fail for real (slower; proves the compile-time forecast).',
+)
 MAX_EXAMPLES = flags.DEFINE_integer(
-    'max_examples', 1 << 20, 'Stop the search at this many examples per batch.')
+  'max_examples', 1 << 20, 'Stop the search at this many examples per batch.'
+)
 COMPILATION_CACHE_DIR = flags.DEFINE_string(
-    'compilation_cache_dir', None, 'Persistent XLA compilation cache. Off by default so that '
-    'compile times are real compiles; cached compiles are much faster.')
+  'compilation_cache_dir',
+  None,
+  'Persistent XLA compilation cache. Off by default so that '
+  'compile times are real compiles; cached compiles are much faster.',
+)
 TRITON_GEMM = flags.DEFINE_bool(
-    'triton_gemm', False, 'Let XLA autotune Triton kernels for matmuls besides cuBLAS. Off by '
-    'default: it multiplies compile times, and the search compiles many times.')
+  'triton_gemm',
+  False,
+  'Let XLA autotune Triton kernels for matmuls besides cuBLAS. Off by '
+  'default: it multiplies compile times, and the search compiles many times.',
+)

@@ -3,24 +3,44 @@
 from absl import flags
 
 GPU = flags.DEFINE_string(
-    'gpu', None, 'Emulate this catalog GPU (e.g. rtx_2080_ti): cap the memory at the card\'s '
-    'size minus what a real card loses to the driver and the CUDA context (see docs/sweep.md).')
+  'gpu',
+  None,
+  'Emulate this catalog GPU (e.g. rtx_2080_ti): cap the memory at the card\'s '
+  'size minus what a real card loses to the driver and the CUDA context (see docs/sweep.md).',
+)
 MEMORY_GB = flags.DEFINE_float(
-    'memory_gb', None, 'Emulate a card of this many GB (GiB, as cards are sold), less the same '
-    'overhead as --gpu. Excludes --gpu and --memory_limit_gb.')
+  'memory_gb',
+  None,
+  'Emulate a card of this many GB (GiB, as cards are sold), less the same '
+  'overhead as --gpu. Excludes --gpu and --memory_limit_gb.',
+)
 GPUS = flags.DEFINE_list(
-    'gpus', [], 'GPUs to sweep or predict: catalog names and/or "lambda2020" (the eight 2020 '
-    'GPUs), comma-separated.')
+  'gpus',
+  [],
+  'GPUs to sweep or predict: catalog names and/or "lambda2020" (the eight 2020 '
+  'GPUs), comma-separated.',
+)
 PRECISIONS = flags.DEFINE_list(
-    'precisions', [], 'Precisions to sweep, e.g. fp32,bf16. Default: each workload\'s 2020 one.')
+  'precisions', [], 'Precisions to sweep, e.g. fp32,bf16. Default: each workload\'s 2020 one.'
+)
 PREDICT = flags.DEFINE_bool(
-    'predict', False, 'Predict the max batch of each --gpus/--gpu card from the compile-time '
-    'memory model: compile only, run no step, time nothing.')
+  'predict',
+  False,
+  'Predict the max batch of each --gpus/--gpu card from the compile-time '
+  'memory model: compile only, run no step, time nothing.',
+)
 STORE = flags.DEFINE_string(
-    'store', None, 'Sweep: run each cell in a fresh process and append its result to this JSON '
-    'Lines file; a rerun skips the cells already there.')
+  'store',
+  None,
+  'Sweep: run each cell in a fresh process and append its result to this JSON '
+  'Lines file; a rerun skips the cells already there.',
+)
 CELL_TIMEOUT_S = flags.DEFINE_integer(
-    'cell_timeout_s', 3600, 'Sweep: a cell running longer is killed and recorded as failed '
-    '(a --predict cell group gets this per GPU).')
+  'cell_timeout_s',
+  3600,
+  'Sweep: a cell running longer is killed and recorded as failed '
+  '(a --predict cell group gets this per GPU).',
+)
 RETRY_FAILED = flags.DEFINE_bool(
-    'retry_failed', False, 'Sweep: run again the cells recorded as failed (crash or timeout).')
+  'retry_failed', False, 'Sweep: run again the cells recorded as failed (crash or timeout).'
+)

@@ -35,8 +35,11 @@ class MemorySetup:
   def describe(self) -> str:
     if self.limit_bytes is None:
       return 'full device memory'
-    how = ('allocator capped' if self.mem_fraction is not None
-           else 'checked against compile-time analysis')
+    how = (
+      'allocator capped'
+      if self.mem_fraction is not None
+      else 'checked against compile-time analysis'
+    )
     return f'{self.limit_bytes / 1e9:.1f} GB limit ({how})'
 
 
@@ -46,8 +49,12 @@ def gpu_total_bytes() -> int | None:
     return None
   try:
     out = subprocess.run(
-        ['nvidia-smi', '--query-gpu=memory.total', '--format=csv,noheader,nounits', '-i', '0'],
-        capture_output=True, text=True, timeout=30, check=True).stdout
+      ['nvidia-smi', '--query-gpu=memory.total', '--format=csv,noheader,nounits', '-i', '0'],
+      capture_output=True,
+      text=True,
+      timeout=30,
+      check=True,
+    ).stdout
     return int(float(out.strip().splitlines()[0])) * 2**20  # MiB
   except (subprocess.SubprocessError, ValueError, IndexError, OSError):
     return None
@@ -58,32 +65,42 @@ def _add_xla_flags(*flags: str) -> None:
   os.environ['XLA_FLAGS'] = ' '.join(current + [f for f in flags if f not in current])
 
 
-def configure(memory_limit_gb: float | None, remat: bool,
-              compilation_cache_dir: str | None = None, triton_gemm: bool = False) -> MemorySetup:
+def configure(
+  memory_limit_gb: float | None,
+  remat: bool,
+  compilation_cache_dir: str | None = None,
+  triton_gemm: bool = False,
+) -> MemorySetup:
   """Fix the memory cap and XLA options; call before JAX's backend starts."""
   from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
 
   if xla_bridge.backends_are_initialized():
-    raise BackendError('the JAX backend already started: memory and XLA options must be set '
-                       'in a fresh process, before the first use of JAX devices')
+    raise BackendError(
+      'the JAX backend already started: memory and XLA options must be set '
+      'in a fresh process, before the first use of JAX devices'
+    )
   total = gpu_total_bytes()
   limit = None if memory_limit_gb is None else int(memory_limit_gb * 1e9)
   fraction = None
   if total is not None:
     if limit is not None:
       if limit > total:
-        raise BackendError(f'--memory_limit_gb={memory_limit_gb} exceeds the GPU\'s '
-                           f'{total / 1e9:.1f} GB')
+        raise BackendError(
+          f'--memory_limit_gb={memory_limit_gb} exceeds the GPU\'s {total / 1e9:.1f} GB'
+        )
       fraction = limit / total
       os.environ['XLA_PYTHON_CLIENT_MEM_FRACTION'] = f'{fraction:.6f}'
     else:
-      fraction = float(os.environ.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION',
-                                             str(DEFAULT_MEM_FRACTION)))
+      fraction = float(
+        os.environ.setdefault('XLA_PYTHON_CLIENT_MEM_FRACTION', str(DEFAULT_MEM_FRACTION))
+      )
     os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'true')
     if remat:
       # Point XLA's rematerialization at the pool we actually have.
       pool = fraction * total
-      _add_xla_flags(f'--xla_gpu_memory_limit_slop_factor={int(100 * pool / (_XLA_REMAT_BASE * total))}')
+      _add_xla_flags(
+        f'--xla_gpu_memory_limit_slop_factor={int(100 * pool / (_XLA_REMAT_BASE * total))}'
+      )
   if not triton_gemm:
     # XLA autotunes every matmul over many Triton tilings as well as cuBLAS; on
     # the H200 that made a BERT-base fp32 compile take over a minute. cuBLAS
@@ -95,6 +112,7 @@ def configure(memory_limit_gb: float | None, remat: bool,
     _add_xla_flags('--xla_disable_hlo_passes=rematerialization')
   if compilation_cache_dir:
     import jax  # pylint: disable=g-import-not-at-top
+
     jax.config.update('jax_compilation_cache_dir', compilation_cache_dir)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 1.0)
     jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)

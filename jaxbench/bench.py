@@ -9,7 +9,8 @@ from typing import Any
 import jax
 
 import jaxbench
-from jaxbench import backend, precision, program as prog, search, timing
+from jaxbench import backend, precision, search, timing
+from jaxbench import program as prog
 from jaxbench import workload as wl
 
 SCHEMA = 'jaxbench.result/1'
@@ -35,8 +36,12 @@ class Options:
 def device_info() -> dict[str, Any]:
   dev = jax.devices()[0]
   stats = prog.device_memory() or {}
-  return {'platform': dev.platform, 'kind': dev.device_kind, 'count': jax.device_count(),
-          'pool_bytes': stats.get('bytes_limit')}
+  return {
+    'platform': dev.platform,
+    'kind': dev.device_kind,
+    'count': jax.device_count(),
+    'pool_bytes': stats.get('bytes_limit'),
+  }
 
 
 def examples_for(w: wl.Workload, cfg: wl.Config, batch: int) -> int:
@@ -53,7 +58,9 @@ def memory_budget(memory: backend.MemorySetup, on_gpu: bool) -> tuple[int | None
     return memory.limit_bytes, 'compile-time analysis'
   if on_gpu:
     return None, 'runtime only'
-  return int(CPU_DEFAULT_BUDGET_GB * 1e9), f'compile-time analysis (CPU default {CPU_DEFAULT_BUDGET_GB} GB)'
+  return int(
+    CPU_DEFAULT_BUDGET_GB * 1e9
+  ), f'compile-time analysis (CPU default {CPU_DEFAULT_BUDGET_GB} GB)'
 
 
 def run(w: wl.Workload, opts: Options, memory: backend.MemorySetup, log=print) -> dict[str, Any]:
@@ -64,55 +71,86 @@ def run(w: wl.Workload, opts: Options, memory: backend.MemorySetup, log=print) -
   on_gpu = dev['platform'] == 'gpu'
   budget, enforced = memory_budget(memory, on_gpu)
   result: dict[str, Any] = {
-      'schema': SCHEMA,
-      'timestamp': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-      'jaxbench_version': jaxbench.__version__, 'jax_version': jax.__version__,
-      'python': sys.version.split()[0], 'device': dev,
-      'xla_flags': os.environ.get('XLA_FLAGS', ''),
-      'workload': w.name, 'unit': w.unit, 'throughput_unit': w.throughput_unit,
-      'precision': policy.name, 'tiny': opts.tiny, 'config': dict(cfg),
-      'memory': {'limit_bytes': memory.limit_bytes, 'budget_bytes': budget,
-                 'enforced_by': enforced, 'remat': memory.remat},
+    'schema': SCHEMA,
+    'timestamp': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+    'jaxbench_version': jaxbench.__version__,
+    'jax_version': jax.__version__,
+    'python': sys.version.split()[0],
+    'device': dev,
+    'xla_flags': os.environ.get('XLA_FLAGS', ''),
+    'workload': w.name,
+    'unit': w.unit,
+    'throughput_unit': w.throughput_unit,
+    'precision': policy.name,
+    'tiny': opts.tiny,
+    'config': dict(cfg),
+    'memory': {
+      'limit_bytes': memory.limit_bytes,
+      'budget_bytes': budget,
+      'enforced_by': enforced,
+      'remat': memory.remat,
+    },
   }
   program = prog.Program(w, cfg, policy, seed=opts.seed)
   result['params'] = program.param_counts()
   if opts.batch_size is not None:
     n = examples_for(w, cfg, opts.batch_size)
-    trial, compiled = search.probe(program, n, budget, verify_predicted_oom=opts.verify_predicted_oom)
+    trial, compiled = search.probe(
+      program, n, budget, verify_predicted_oom=opts.verify_predicted_oom
+    )
     log(_trial_line(w, trial))
-    found = search.Result(n if trial.fits else 0, [trial], 0.0, budget, compiled,
-                          trial.detail if trial.outcome == search.ERROR else None)
+    found = search.Result(
+      n if trial.fits else 0,
+      [trial],
+      0.0,
+      budget,
+      compiled,
+      trial.detail if trial.outcome == search.ERROR else None,
+    )
     result['search'] = {'mode': 'fixed'}
   else:
-    found = search.find_max_batch(program, budget, opts.max_examples, opts.verify_predicted_oom,
-                                  on_trial=lambda t: log(_trial_line(w, t)))
+    found = search.find_max_batch(
+      program,
+      budget,
+      opts.max_examples,
+      opts.verify_predicted_oom,
+      on_trial=lambda t: log(_trial_line(w, t)),
+    )
     result['search'] = {'mode': 'search'}
   result['search'].update(
-      trials=[dataclasses.asdict(t) for t in found.trials], seconds=round(found.seconds, 2),
-      compiles=sum(t.compile_s is not None for t in found.trials))
+    trials=[dataclasses.asdict(t) for t in found.trials],
+    seconds=round(found.seconds, 2),
+    compiles=sum(t.compile_s is not None for t in found.trials),
+  )
   result['max_examples'] = found.max_examples
   result['max_batch'] = found.max_examples * w.example_size(cfg)
   if found.error is not None:
     return {**result, 'status': 'error', 'error': found.error}
   if found.best is None:
-    return {**result, 'status': 'oom', 'error': 'not even one example fits'
-            if opts.batch_size is None else found.trials[-1].detail}
+    return {
+      **result,
+      'status': 'oom',
+      'error': 'not even one example fits' if opts.batch_size is None else found.trials[-1].detail,
+    }
   m = timing.measure(program, found.best, opts.warmup_steps, opts.steps, opts.windows)
   flops_per_step = w.flops_per_example(cfg) * m.examples
   units_per_step = w.units_per_example(cfg) * m.examples
   result['measurement'] = {
-      'batch': m.examples * w.example_size(cfg), 'examples': m.examples,
-      'warmup_steps': m.warmup_steps, 'steps_per_window': m.steps_per_window,
-      'window_step_s': [round(t, 6) for t in m.window_step_s],
-      'median_step_s': m.median_step_s, 'spread_pct': round(m.spread_pct, 2),
-      'steps_per_s': 1.0 / m.median_step_s,
-      'units_per_s': units_per_step / m.median_step_s,
-      'flops_per_step': flops_per_step,
-      'tflops_per_s': flops_per_step / m.median_step_s / 1e12,
-      'final_loss': m.final_loss,
-      'predicted_peak_bytes': found.best.peak_bytes,
-      'process_peak_bytes': m.process_peak_bytes,
-      'compile_s': found.best.compile_s,
+    'batch': m.examples * w.example_size(cfg),
+    'examples': m.examples,
+    'warmup_steps': m.warmup_steps,
+    'steps_per_window': m.steps_per_window,
+    'window_step_s': [round(t, 6) for t in m.window_step_s],
+    'median_step_s': m.median_step_s,
+    'spread_pct': round(m.spread_pct, 2),
+    'steps_per_s': 1.0 / m.median_step_s,
+    'units_per_s': units_per_step / m.median_step_s,
+    'flops_per_step': flops_per_step,
+    'tflops_per_s': flops_per_step / m.median_step_s / 1e12,
+    'final_loss': m.final_loss,
+    'predicted_peak_bytes': found.best.peak_bytes,
+    'process_peak_bytes': m.process_peak_bytes,
+    'compile_s': found.best.compile_s,
   }
   if not m.finite:
     # A diverged run measures nothing worth reporting.

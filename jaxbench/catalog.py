@@ -62,9 +62,14 @@ class Gpu:
 
   def emulation(self) -> dict:
     """How this card is emulated, as recorded in each result."""
-    return {'gpu': self.name, 'display': self.display, 'memory_gb': self.memory_gb,
-            'memory_bytes': self.memory_bytes, 'overhead_bytes': self.overhead_bytes,
-            'cap_bytes': self.cap_bytes}
+    return {
+      'gpu': self.name,
+      'display': self.display,
+      'memory_gb': self.memory_gb,
+      'memory_bytes': self.memory_bytes,
+      'overhead_bytes': self.overhead_bytes,
+      'cap_bytes': self.cap_bytes,
+    }
 
 
 @functools.cache
@@ -72,9 +77,14 @@ def _load() -> dict[str, Gpu]:
   text = importlib.resources.files('jaxbench').joinpath('data/gpus.csv').read_text()
   gpus = {}
   for row in csv.DictReader(text.splitlines()):
-    gpu = Gpu(name=row['name'], display=row['display'], memory_gb=float(row['memory_gb']),
-              price_usd_2020=float(row['price_usd_2020']) if row['price_usd_2020'] else None,
-              released=int(row['released']) if row['released'] else None, note=row['note'])
+    gpu = Gpu(
+      name=row['name'],
+      display=row['display'],
+      memory_gb=float(row['memory_gb']),
+      price_usd_2020=float(row['price_usd_2020']) if row['price_usd_2020'] else None,
+      released=int(row['released']) if row['released'] else None,
+      note=row['note'],
+    )
     if gpu.name in gpus:
       raise ValueError(f'gpus.csv lists {gpu.name!r} twice')
     gpus[gpu.name] = gpu
@@ -116,8 +126,10 @@ def raw(memory_gb: float) -> Gpu:
     raise CatalogError(f'--memory_gb must be positive, got {memory_gb}')
   gpu = Gpu(name=f'mem_{memory_gb:g}gb', display=f'{memory_gb:g} GB card', memory_gb=memory_gb)
   if gpu.cap_bytes <= 0:
-    raise CatalogError(f'--memory_gb={memory_gb:g} leaves nothing after the '
-                       f'{CARD_OVERHEAD_BYTES / MIB:.0f} MiB a card loses to CUDA and the driver')
+    raise CatalogError(
+      f'--memory_gb={memory_gb:g} leaves nothing after the '
+      f'{CARD_OVERHEAD_BYTES / MIB:.0f} MiB a card loses to CUDA and the driver'
+    )
   return gpu
 
 
@@ -126,8 +138,9 @@ def resolve(spec: list[str]) -> list[Gpu]:
   out: dict[str, Gpu] = {}
   for item in spec:
     if item != LAMBDA2020 and item not in _load():
-      raise CatalogError(f'unknown GPU {item!r}; valid GPUs: {LAMBDA2020} (the 2020 eight), '
-                         f'{", ".join(names())}')
+      raise CatalogError(
+        f'unknown GPU {item!r}; valid GPUs: {LAMBDA2020} (the 2020 eight), {", ".join(names())}'
+      )
     for gpu in lambda2020() if item == LAMBDA2020 else [get(item)]:
       out.setdefault(gpu.name, gpu)
   if not out:

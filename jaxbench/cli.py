@@ -49,12 +49,18 @@ def plan(f) -> Plan:
   if f.list_models:
     return Plan('list', tuple(registry.all_workloads()), bench.Options())
   if not f.model and not f.describe:
-    raise UsageError('choose a workload with --model=NAME (or --model=all); --list_models lists them')
+    raise UsageError(
+      'choose a workload with --model=NAME (or --model=all); --list_models lists them'
+    )
   workloads = resolve_models(f.model) if f.model else tuple(registry.all_workloads())
   if f.precision is not None and f.precision not in precision.POLICIES:
     raise UsageError(f'unknown precision {f.precision!r}; valid: {", ".join(precision.POLICIES)}')
-  for name, value, least in (('warmup_steps', f.warmup_steps, 0), ('steps', f.steps, 1),
-                             ('windows', f.windows, 1), ('max_examples', f.max_examples, 1)):
+  for name, value, least in (
+    ('warmup_steps', f.warmup_steps, 0),
+    ('steps', f.steps, 1),
+    ('windows', f.windows, 1),
+    ('max_examples', f.max_examples, 1),
+  ):
     if value < least:
       raise UsageError(f'--{name} must be at least {least}, got {value}')
   if f.steps < f.windows:
@@ -72,8 +78,10 @@ def plan(f) -> Plan:
     except ValueError as e:
       raise UsageError(str(e)) from None
     if f.batch_size is not None and f.batch_size < w.example_size(cfg):
-      raise UsageError(f'--batch_size={f.batch_size} is less than one example of {w.name} '
-                       f'({w.example_size(cfg)} {w.unit})')
+      raise UsageError(
+        f'--batch_size={f.batch_size} is less than one example of {w.name} '
+        f'({w.example_size(cfg)} {w.unit})'
+      )
   if f.output:
     parent = os.path.dirname(os.path.abspath(f.output))
     if not os.path.isdir(parent):
@@ -81,8 +89,24 @@ def plan(f) -> Plan:
     if os.path.isdir(f.output):
       raise UsageError(f'--output: {f.output} is a directory')
   options = bench.Options(
-      precision=f.precision, tiny=bool(f.tiny), overrides=overrides, batch_size=f.batch_size,
-      warmup_steps=f.warmup_steps, steps=f.steps, windows=f.windows, seed=f.seed,
-      max_examples=f.max_examples, verify_predicted_oom=f.verify_predicted_oom)
-  return Plan('describe' if f.describe else 'run', workloads, options, f.memory_limit_gb, f.remat,
-              f.output, f.compilation_cache_dir, f.triton_gemm)
+    precision=f.precision,
+    tiny=bool(f.tiny),
+    overrides=overrides,
+    batch_size=f.batch_size,
+    warmup_steps=f.warmup_steps,
+    steps=f.steps,
+    windows=f.windows,
+    seed=f.seed,
+    max_examples=f.max_examples,
+    verify_predicted_oom=f.verify_predicted_oom,
+  )
+  return Plan(
+    'describe' if f.describe else 'run',
+    workloads,
+    options,
+    f.memory_limit_gb,
+    f.remat,
+    f.output,
+    f.compilation_cache_dir,
+    f.triton_gemm,
+  )

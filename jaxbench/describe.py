@@ -18,10 +18,21 @@ def describe(w: wl.Workload, tiny: bool = False, overrides=None) -> str:
   trainer = w.trainer(cfg, precision.get(w.default_precision))
   shapes = jax.eval_shape(lambda: trainer.init(jax.random.key(0)))
   counts = wl.param_counts(trainer, shapes)
-  return json.dumps({
-      'name': w.name, 'description': w.description, 'family': w.family, 'unit': w.unit,
-      'throughput_unit': w.throughput_unit, 'default_precision': w.default_precision,
-      'params': counts['total'], 'param_groups': {k: v for k, v in counts.items() if k != 'total'},
-      'example_size': w.example_size(cfg), 'units_per_example': w.units_per_example(cfg),
-      'flops_per_example': w.flops_per_example(cfg), 'tiny': tiny, 'config': dict(cfg),
-  }, sort_keys=False)
+  return json.dumps(
+    {
+      'name': w.name,
+      'description': w.description,
+      'family': w.family,
+      'unit': w.unit,
+      'throughput_unit': w.throughput_unit,
+      'default_precision': w.default_precision,
+      'params': counts['total'],
+      'param_groups': {k: v for k, v in counts.items() if k != 'total'},
+      'example_size': w.example_size(cfg),
+      'units_per_example': w.units_per_example(cfg),
+      'flops_per_example': w.flops_per_example(cfg),
+      'tiny': tiny,
+      'config': dict(cfg),
+    },
+    sort_keys=False,
+  )

@@ -30,9 +30,16 @@ class Request:
 
 def request(f) -> Request:
   """Check the emulation and sweep flags of `f` (parsed absl FLAGS or any object like it)."""
-  given = [n for n, v in (('--gpu', f.gpu), ('--memory_gb', f.memory_gb),
-                          ('--memory_limit_gb', f.memory_limit_gb), ('--gpus', f.gpus))
-           if v not in (None, [])]
+  given = [
+    n
+    for n, v in (
+      ('--gpu', f.gpu),
+      ('--memory_gb', f.memory_gb),
+      ('--memory_limit_gb', f.memory_limit_gb),
+      ('--gpus', f.gpus),
+    )
+    if v not in (None, [])
+  ]
   if len(given) > 1:
     raise ValueError(f'{" and ".join(given)} conflict: each sets the memory; give one')
   gpus: list[catalog.Gpu] = []
@@ -45,11 +52,17 @@ def request(f) -> Request:
   if f.store is not None:
     if not gpus or f.memory_gb is not None:
       raise ValueError('a sweep (--store) needs catalog GPUs: --gpus=lambda2020 or a list')
-    for name, bad in (('--output', f.output), ('--precision', f.precision),
-                      ('--batch_size', f.batch_size is not None), ('--describe', f.describe)):
+    for name, bad in (
+      ('--output', f.output),
+      ('--precision', f.precision),
+      ('--batch_size', f.batch_size is not None),
+      ('--describe', f.describe),
+    ):
       if bad:
-        raise ValueError(f'a sweep (--store) takes no {name}'
-                         + (' (use --precisions)' if name == '--precision' else ''))
+        raise ValueError(
+          f'a sweep (--store) takes no {name}'
+          + (' (use --precisions)' if name == '--precision' else '')
+        )
     parent = os.path.dirname(os.path.abspath(f.store))
     if not os.path.isdir(parent) or os.path.isdir(f.store):
       raise ValueError(f'--store: {f.store} is not a file in an existing directory')
@@ -67,8 +80,12 @@ def request(f) -> Request:
   return Request(SINGLE, tuple(gpus))
 
 
-def annotate(result: dict[str, Any], gpu: catalog.Gpu | None,
-             overrides: tuple[tuple[str, str], ...], mode: str = 'run') -> dict[str, Any]:
+def annotate(
+  result: dict[str, Any],
+  gpu: catalog.Gpu | None,
+  overrides: tuple[tuple[str, str], ...],
+  mode: str = 'run',
+) -> dict[str, Any]:
   """Record in a result what ran (run or predict), its overrides and the card it emulated."""
   result['mode'] = mode
   result['overrides'] = sorted([k, v] for k, v in overrides)

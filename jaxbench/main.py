@@ -1,6 +1,6 @@
 """jaxbench's entry point, intentionally kept short: parse flags, validate, dispatch.
 
-    python -m jaxbench.main --model=transformer_big
+python -m jaxbench.main --model=transformer_big
 """
 
 import sys
@@ -34,6 +34,7 @@ def main(argv: list[str]) -> int:
     _fail(str(e))
   if req.kind == emulation.SWEEP:  # each cell in a fresh process: this one starts no JAX
     from jaxbench import sweep  # pylint: disable=g-import-not-at-top
+
     return sweep.main(FLAGS, list(req.gpus), _fail)
   from jaxbench import backend  # pylint: disable=g-import-not-at-top
 
@@ -43,9 +44,12 @@ def main(argv: list[str]) -> int:
   if limit is not None and limit <= 0:
     _fail(f'--memory_limit_gb must be positive, got {limit}')
   try:
-    memory = backend.configure(limit, search_flags.REMAT.value,
-                               search_flags.COMPILATION_CACHE_DIR.value,
-                               search_flags.TRITON_GEMM.value)
+    memory = backend.configure(
+      limit,
+      search_flags.REMAT.value,
+      search_flags.COMPILATION_CACHE_DIR.value,
+      search_flags.TRITON_GEMM.value,
+    )
   except backend.BackendError as e:
     _fail(str(e))
   from jaxbench import bench, cli, describe, predict, report  # pylint: disable=g-import-not-at-top
@@ -66,12 +70,19 @@ def main(argv: list[str]) -> int:
   gpu = req.gpus[0] if req.gpus and not predicting else None
   results, log = [], lambda line: print(line, flush=True)
   for w in plan.workloads:
-    what = ('compile-only prediction' if predicting
-            else 'max-batch search' if options.batch_size is None else 'fixed batch')
+    what = (
+      'compile-only prediction'
+      if predicting
+      else 'max-batch search'
+      if options.batch_size is None
+      else 'fixed batch'
+    )
     print(f'{w.name}: {what}{" (tiny preset)" if options.tiny else ""}', flush=True)
-    for result in (predict.predict(w, options, list(req.gpus), plan.remat, log) if predicting
-                   else [emulation.annotate(bench.run(w, options, memory, log), gpu,
-                                            options.overrides)]):
+    for result in (
+      predict.predict(w, options, list(req.gpus), plan.remat, log)
+      if predicting
+      else [emulation.annotate(bench.run(w, options, memory, log), gpu, options.overrides)]
+    ):
       results.append(result)
       if plan.output:
         report.append_jsonl(plan.output, result)

@@ -29,20 +29,36 @@ class Policy:
     if not self.loss_scaling:
       return None
     # 2**15 and a doubling every 2000 finite steps are fairseq's and apex's defaults.
-    return dynamic_scale.DynamicScale(growth_factor=2.0, backoff_factor=0.5,
-                                      growth_interval=2000, fin_steps=jnp.int32(0),
-                                      scale=jnp.float32(2.0**15))
+    return dynamic_scale.DynamicScale(
+      growth_factor=2.0,
+      backoff_factor=0.5,
+      growth_interval=2000,
+      fin_steps=jnp.int32(0),
+      scale=jnp.float32(2.0**15),
+    )
 
 
 POLICIES = {
-    'fp32': Policy('fp32', jnp.float32, 'float32', False,
-                   'float32 everywhere, full-precision matmuls (no TF32)'),
-    'tf32': Policy('tf32', jnp.float32, 'tensorfloat32', False,
-                   'float32 storage, TF32 matmuls and convolutions (JAX GPU default)'),
-    'bf16': Policy('bf16', jnp.bfloat16, 'default', False,
-                   'bfloat16 compute, float32 master weights'),
-    'fp16': Policy('fp16', jnp.float16, 'default', True,
-                   'float16 compute, float32 master weights, dynamic loss scaling'),
+  'fp32': Policy(
+    'fp32', jnp.float32, 'float32', False, 'float32 everywhere, full-precision matmuls (no TF32)'
+  ),
+  'tf32': Policy(
+    'tf32',
+    jnp.float32,
+    'tensorfloat32',
+    False,
+    'float32 storage, TF32 matmuls and convolutions (JAX GPU default)',
+  ),
+  'bf16': Policy(
+    'bf16', jnp.bfloat16, 'default', False, 'bfloat16 compute, float32 master weights'
+  ),
+  'fp16': Policy(
+    'fp16',
+    jnp.float16,
+    'default',
+    True,
+    'float16 compute, float32 master weights, dynamic loss scaling',
+  ),
 }
 
 

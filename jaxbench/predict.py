@@ -50,37 +50,56 @@ class PeakMemo:
     raise RuntimeError('a compile-only search runs nothing')
 
 
-def predict(w: wl.Workload, opts: bench.Options, gpus: list[catalog.Gpu], remat: bool = False,
-            log: Callable[[str], None] = print) -> Iterator[dict[str, Any]]:
+def predict(
+  w: wl.Workload,
+  opts: bench.Options,
+  gpus: list[catalog.Gpu],
+  remat: bool = False,
+  log: Callable[[str], None] = print,
+) -> Iterator[dict[str, Any]]:
   """One result per card, smallest card first, as each is found: the max batch under its cap."""
   policy = precision.get(opts.precision or w.default_precision)
   cfg = w.resolve(tiny=opts.tiny, overrides=dict(opts.overrides))
   program = prog.Program(w, cfg, policy, seed=opts.seed)
   memo = PeakMemo(program)
   header = {
-      'schema': bench.SCHEMA, 'jaxbench_version': jaxbench.__version__,
-      'jax_version': jax.__version__, 'python': sys.version.split()[0],
-      'device': bench.device_info(), 'xla_flags': os.environ.get('XLA_FLAGS', ''),
-      'workload': w.name, 'unit': w.unit, 'throughput_unit': w.throughput_unit,
-      'precision': policy.name, 'tiny': opts.tiny, 'config': dict(cfg),
-      'params': program.param_counts(),
+    'schema': bench.SCHEMA,
+    'jaxbench_version': jaxbench.__version__,
+    'jax_version': jax.__version__,
+    'python': sys.version.split()[0],
+    'device': bench.device_info(),
+    'xla_flags': os.environ.get('XLA_FLAGS', ''),
+    'workload': w.name,
+    'unit': w.unit,
+    'throughput_unit': w.throughput_unit,
+    'precision': policy.name,
+    'tiny': opts.tiny,
+    'config': dict(cfg),
+    'params': program.param_counts(),
   }
   for gpu in sorted(gpus, key=lambda g: g.cap_bytes):
     start, compiles = time.perf_counter(), memo.compiles
     found = search.find_max_batch(memo, gpu.cap_bytes, opts.max_examples, run_steps=0)
     fits = [t for t in found.trials if t.fits and t.examples == found.max_examples]
     result = {
-        **header,
-        'timestamp': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-        'memory': {'limit_bytes': gpu.cap_bytes, 'budget_bytes': gpu.cap_bytes,
-                   'enforced_by': 'compile-time prediction', 'remat': remat},
-        'search': {'mode': 'predict', 'trials': [dataclasses.asdict(t) for t in found.trials],
-                   'seconds': round(time.perf_counter() - start, 2),
-                   'compiles': memo.compiles - compiles},
-        'max_examples': found.max_examples,
-        'max_batch': found.max_examples * w.example_size(cfg),
-        'predicted_peak_bytes': fits[0].predicted_peak_bytes if fits else None,
-        'measurement': None,
+      **header,
+      'timestamp': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+      'memory': {
+        'limit_bytes': gpu.cap_bytes,
+        'budget_bytes': gpu.cap_bytes,
+        'enforced_by': 'compile-time prediction',
+        'remat': remat,
+      },
+      'search': {
+        'mode': 'predict',
+        'trials': [dataclasses.asdict(t) for t in found.trials],
+        'seconds': round(time.perf_counter() - start, 2),
+        'compiles': memo.compiles - compiles,
+      },
+      'max_examples': found.max_examples,
+      'max_batch': found.max_examples * w.example_size(cfg),
+      'predicted_peak_bytes': fits[0].predicted_peak_bytes if fits else None,
+      'measurement': None,
     }
     if found.error is not None:
       result.update(status='error', error=found.error)
@@ -96,11 +115,18 @@ def predict(w: wl.Workload, opts: bench.Options, gpus: list[catalog.Gpu], remat:
 def line(r: dict[str, Any]) -> str:
   """One line per prediction, for the console."""
   emu = r['emulation']
-  what = ('OOM' if r['status'] == 'oom' else f"{r['max_batch']} {r['unit']}"
-          if r['status'] == 'ok' else f"error: {r['error']}")
+  what = (
+    'OOM'
+    if r['status'] == 'oom'
+    else f"{r['max_batch']} {r['unit']}"
+    if r['status'] == 'ok'
+    else f"error: {r['error']}"
+  )
   peak = r.get('predicted_peak_bytes')
   cap = emu['cap_bytes'] / 1e9
-  return (f"  {r['workload']} {r['precision']} on {emu['gpu']} (cap {cap:.2f} GB):"
-          f" predicted max batch {what}"
-          f"{'' if peak is None else f', peak {peak / 1e9:.3f} GB'}"
-          f" ({len(r['search']['trials'])} probes, {r['search']['compiles']} compiles)")
+  return (
+    f"  {r['workload']} {r['precision']} on {emu['gpu']} (cap {cap:.2f} GB):"
+    f" predicted max batch {what}"
+    f"{'' if peak is None else f', peak {peak / 1e9:.3f} GB'}"
+    f" ({len(r['search']['trials'])} probes, {r['search']['compiles']} compiles)"
+  )

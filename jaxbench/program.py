@@ -17,9 +17,11 @@ from jaxbench import workload as wl
 # failed workspace allocation under memory pressure in their own words, and XLA's
 # autotuner passes those on; they are out-of-memory too, not bugs.
 _OOM_PATTERNS = re.compile(
-    r'RESOURCE_EXHAUSTED|out of memory|OOM when allocating|Failed to allocate|'
-    r'CUDNN_STATUS_ALLOC_FAILED|CUBLAS_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY|'
-    r'cudaErrorMemoryAllocation|Allocator .* ran out of memory', re.IGNORECASE)
+  r'RESOURCE_EXHAUSTED|out of memory|OOM when allocating|Failed to allocate|'
+  r'CUDNN_STATUS_ALLOC_FAILED|CUBLAS_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY|'
+  r'cudaErrorMemoryAllocation|Allocator .* ran out of memory',
+  re.IGNORECASE,
+)
 
 
 def is_oom(error: BaseException) -> bool:
@@ -47,8 +49,9 @@ class Compiled:
 class Program:
   """Compiles and runs one workload's step at any batch size (one config, one policy)."""
 
-  def __init__(self, workload: wl.Workload, cfg: wl.Config, policy: precision.Policy,
-               seed: int = 0):
+  def __init__(
+    self, workload: wl.Workload, cfg: wl.Config, policy: precision.Policy, seed: int = 0
+  ):
     self.workload, self.cfg, self.policy = workload, cfg, policy
     self.trainer = workload.trainer(cfg, policy)
     self.rng = jax.random.key(seed)
@@ -76,10 +79,21 @@ class Program:
       # XLA allocates the temporaries as one buffer beside the arguments; the sum
       # is what must fit. (memory_analysis' own peak_memory_in_bytes came out
       # below the temporaries alone on the H200, and that batch failed to run.)
-      peak = (args + int(mem.output_size_in_bytes) + temp - int(mem.alias_size_in_bytes)
-              + int(mem.generated_code_size_in_bytes))
-    return Compiled(n=n, executable=executable, compile_s=compile_s, peak_bytes=peak,
-                    temp_bytes=temp, argument_bytes=args)
+      peak = (
+        args
+        + int(mem.output_size_in_bytes)
+        + temp
+        - int(mem.alias_size_in_bytes)
+        + int(mem.generated_code_size_in_bytes)
+      )
+    return Compiled(
+      n=n,
+      executable=executable,
+      compile_s=compile_s,
+      peak_bytes=peak,
+      temp_bytes=temp,
+      argument_bytes=args,
+    )
 
   def materialize(self, n: int):
     """Fresh state and a batch of n examples on the device, built by jitted functions."""
@@ -95,9 +109,11 @@ class Program:
       for _ in range(steps):
         state, metrics = compiled.executable(state, batch, self.rng)
       return float(np.asarray(metrics['loss']))
-    finally:
+    except Exception:
+      # A failure's traceback holds the trial's arrays in reference cycles.
       del state, batch, metrics
       release()
+      raise
 
 
 def release() -> None:

@@ -9,12 +9,16 @@ from jaxbench import catalog
 
 # The published transformer_big and conv_seq2seq language rows are swapped (see lambda2020.md).
 SWAPPED = ('transformer_big', 'conv_seq2seq')
-SWAP_NOTE = ('The published transformer_big and conv_seq2seq rows are swapped: the author\'s own '
-             'result files show the published "Transformer Big" throughput equals ConvS2S at '
-             'max_tokens 2000, and the published "Conv Seq2Seq" rows equal Transformer Big (FP16) '
-             'at its largest batch. The values stay under their published names here.')
-SOURCE = ('Lambda, "Choosing the best GPU for deep learning in 2020", and the per-model result '
-          'files its author published')
+SWAP_NOTE = (
+  'The published transformer_big and conv_seq2seq rows are swapped: the author\'s own '
+  'result files show the published "Transformer Big" throughput equals ConvS2S at '
+  'max_tokens 2000, and the published "Conv Seq2Seq" rows equal Transformer Big (FP16) '
+  'at its largest batch. The values stay under their published names here.'
+)
+SOURCE = (
+  'Lambda, "Choosing the best GPU for deep learning in 2020", and the per-model result '
+  'files its author published'
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,12 +46,20 @@ def rows() -> tuple[Row, ...]:
   text = importlib.resources.files('jaxbench').joinpath('data/lambda2020.csv').read_text()
   out = []
   for r in csv.DictReader(text.splitlines()):
-    out.append(Row(
-        workload=r['workload'], gpu=catalog.by_display(r['gpu']).name, display=r['gpu'],
-        memory_gb=float(r['gpu_memory_gb']), price_usd_2020=float(r['gpu_price_usd_2020']),
-        max_batch=int(r['max_batch']), batch_unit=r['batch_unit'],
-        throughput=float(r['throughput']), throughput_unit=r['throughput_unit'],
-        precision=r['precision']))
+    out.append(
+      Row(
+        workload=r['workload'],
+        gpu=catalog.by_display(r['gpu']).name,
+        display=r['gpu'],
+        memory_gb=float(r['gpu_memory_gb']),
+        price_usd_2020=float(r['gpu_price_usd_2020']),
+        max_batch=int(r['max_batch']),
+        batch_unit=r['batch_unit'],
+        throughput=float(r['throughput']),
+        throughput_unit=r['throughput_unit'],
+        precision=r['precision'],
+      )
+    )
   return tuple(out)
 
 

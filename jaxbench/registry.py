@@ -1,15 +1,19 @@
 """The workload registry: explicit imports and one dict that refuses duplicates."""
 
 from jaxbench import workload as wl
-from models import bert, nasnet, transformer
-from models import fconv
-from models import deeplab
-from models import yolo
-from models import mt_dnn
-from models import stylegan
-from models import pix2pixhd
-from models import xlm
-from models import mask_rcnn
+from models import (
+  bert,
+  deeplab,
+  fconv,
+  mask_rcnn,
+  mt_dnn,
+  nasnet,
+  pix2pixhd,
+  stylegan,
+  transformer,
+  xlm,
+  yolo,
+)
 
 _REGISTRY: dict[str, wl.Workload] = {}
 

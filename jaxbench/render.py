@@ -11,13 +11,16 @@ import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-t
 from jaxbench import catalog, published, tables  # noqa: E402
 
 EMULATION_NOTE = (
-    'Emulated rows ran on the host GPU named in the results with XLA\'s allocator capped at the '
-    'card\'s memory less {overhead} MiB (driver reservation and CUDA context, see docs/sweep.md): '
-    'their max batch is the emulated card\'s, their throughput is the host GPU\'s at that batch. '
-    'Predicted rows come from the compile-time memory model and ran nothing.')
-BATCH_NOTE = ('Max batch in each workload\'s unit (images, sequences, or tokens = '
-              'max_tokens); OOM: not one example fits. The published batches are ladder '
-              'values, not exact maxima.')
+  'Emulated rows ran on the host GPU named in the results with XLA\'s allocator capped at the '
+  'card\'s memory less {overhead} MiB (driver reservation and CUDA context, see docs/sweep.md): '
+  'their max batch is the emulated card\'s, their throughput is the host GPU\'s at that batch. '
+  'Predicted rows come from the compile-time memory model and ran nothing.'
+)
+BATCH_NOTE = (
+  'Max batch in each workload\'s unit (images, sequences, or tokens = '
+  'max_tokens); OOM: not one example fits. The published batches are ladder '
+  'values, not exact maxima.'
+)
 
 
 def build_tables(data: tables.Data, reference: str) -> dict[str, tables.Table]:
@@ -26,27 +29,39 @@ def build_tables(data: tables.Data, reference: str) -> dict[str, tables.Table]:
   if any(w in published.SWAPPED for w in data.workloads):
     notes.append(tables.SWAP_MARK.strip() + ' ' + published.SWAP_NOTE)
   out = {
-      'max_batch': tables.metric_table(data, data.batch, 'Largest batch before OOM', BATCH_NOTE),
-      'throughput': tables.metric_table(
-          data, data.throughput, 'Throughput at the largest batch',
-          'images/s, sequences/s or target tokens ("words")/s, as in 2020.'),
+    'max_batch': tables.metric_table(data, data.batch, 'Largest batch before OOM', BATCH_NOTE),
+    'throughput': tables.metric_table(
+      data,
+      data.throughput,
+      'Throughput at the largest batch',
+      'images/s, sequences/s or target tokens ("words")/s, as in 2020.',
+    ),
   }
   norm = tables.normalized(data, reference)
   ref = catalog.get(reference).display
   header = ['workload', 'source'] + [tables.display(g) for g in data.gpus]
   out['normalized'] = tables.Table(
-      f'Throughput normalized to the {ref}', header,
-      [[w, s] + [f'{by_gpu[g]:.2f}' if g in by_gpu else '' for g in data.gpus]
-       for (w, s), by_gpu in sorted(norm.items(), key=lambda kv: (
-           data.workloads.index(kv[0][0]), kv[0][1] != tables.PUBLISHED, kv[0][1]))],
-      [f'Each row divided by its own throughput on the {ref}; rows without one are left out.'])
+    f'Throughput normalized to the {ref}',
+    header,
+    [
+      [w, s] + [f'{by_gpu[g]:.2f}' if g in by_gpu else '' for g in data.gpus]
+      for (w, s), by_gpu in sorted(
+        norm.items(),
+        key=lambda kv: (data.workloads.index(kv[0][0]), kv[0][1] != tables.PUBLISHED, kv[0][1]),
+      )
+    ],
+    [f'Each row divided by its own throughput on the {ref}; rows without one are left out.'],
+  )
   summ = tables.summary(data, reference)
   out['summary'] = tables.Table(
-      f'Mean throughput normalized to the {ref} (geometric mean over workloads)',
-      ['source'] + [tables.display(g) for g in data.gpus],
-      [[s] + [f'{by_gpu[g][0]:.2f} ({by_gpu[g][1]})' if g in by_gpu else '' for g in data.gpus]
-       for s, by_gpu in summ.items()],
-      ['In parentheses: the number of workloads averaged.'])
+    f'Mean throughput normalized to the {ref} (geometric mean over workloads)',
+    ['source'] + [tables.display(g) for g in data.gpus],
+    [
+      [s] + [f'{by_gpu[g][0]:.2f} ({by_gpu[g][1]})' if g in by_gpu else '' for g in data.gpus]
+      for s, by_gpu in summ.items()
+    ],
+    ['In parentheses: the number of workloads averaged.'],
+  )
   out['prediction'] = prediction_table(data.records)
   for t in out.values():
     t.notes.extend(n for n in notes if n not in t.notes)
@@ -57,28 +72,45 @@ def prediction_table(records: list[dict[str, Any]]) -> tables.Table:
   """Predicted vs emulated max batch, cell by cell, and the error measured."""
   runs, preds = {}, {}
   for r in records:
-    k = (r['workload'], r['precision'], r['emulation']['gpu'], bool(r.get('tiny')),
-         tuple(map(tuple, r.get('overrides') or [])))
+    k = (
+      r['workload'],
+      r['precision'],
+      r['emulation']['gpu'],
+      bool(r.get('tiny')),
+      tuple(map(tuple, r.get('overrides') or [])),
+    )
     (preds if r.get('mode') == 'predict' else runs)[k] = r
   rows, errors = [], []
   for k in sorted(set(runs) & set(preds)):
     p, m = preds[k], runs[k]
     if p['status'] not in ('ok', 'oom') or m['status'] not in ('ok', 'oom', 'invalid'):
       continue
-    err = ((p['max_examples'] - m['max_examples']) / m['max_examples']
-           if m['max_examples'] else None)
+    err = (p['max_examples'] - m['max_examples']) / m['max_examples'] if m['max_examples'] else None
     if err is not None:
       errors.append(err)
-    rows.append([k[0], k[1] + (' tiny' if k[3] else ''), tables.display(k[2]),
-                 str(p['max_batch']), str(m['max_batch']),
-                 '' if err is None else f'{100 * err:+.1f}%'])
+    rows.append(
+      [
+        k[0],
+        k[1] + (' tiny' if k[3] else ''),
+        tables.display(k[2]),
+        str(p['max_batch']),
+        str(m['max_batch']),
+        '' if err is None else f'{100 * err:+.1f}%',
+      ]
+    )
   mae = 100 * sum(map(abs, errors)) / max(len(errors), 1)
-  note = (f'{len(errors)} cells: mean absolute error {mae:.1f}%'
-          f', {sum(e == 0 for e in errors)} exact, {sum(e > 0 for e in errors)} over-predicted'
-          if errors else 'No cell has both a prediction and an emulated run yet.')
-  return tables.Table('Predicted vs emulated max batch',
-                      ['workload', 'precision', 'GPU', 'predicted', 'emulated', 'error'], rows,
-                      [note, 'Error = (predicted - emulated) / emulated, in examples.'])
+  note = (
+    f'{len(errors)} cells: mean absolute error {mae:.1f}%'
+    f', {sum(e == 0 for e in errors)} exact, {sum(e > 0 for e in errors)} over-predicted'
+    if errors
+    else 'No cell has both a prediction and an emulated run yet.'
+  )
+  return tables.Table(
+    'Predicted vs emulated max batch',
+    ['workload', 'precision', 'GPU', 'predicted', 'emulated', 'error'],
+    rows,
+    [note, 'Error = (predicted - emulated) / emulated, in examples.'],
+  )
 
 
 def _bars(ax, data: tables.Data, grid, w: str, log: bool) -> None:
@@ -105,7 +137,7 @@ def charts(data: tables.Data, reference: str, out_dir: str) -> list[str]:
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
     for ax, w in zip(axes.flat, ws):
       _bars(ax, data, grid, w, log)
-    for ax in list(axes.flat)[len(ws):]:
+    for ax in list(axes.flat)[len(ws) :]:
       ax.axis('off')
     handles = {lab: h for ax in axes.flat for h, lab in zip(*ax.get_legend_handles_labels())}
     fig.legend(handles.values(), handles.keys(), loc='upper center', ncol=4, fontsize=8)
@@ -118,8 +150,12 @@ def charts(data: tables.Data, reference: str, out_dir: str) -> list[str]:
   fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(data.gpus)), 4))
   width = 0.8 / max(len(summ), 1)
   for i, (s, by_gpu) in enumerate(summ.items()):
-    ax.bar([j + i * width for j in range(len(data.gpus))],
-           [by_gpu.get(g, (0, 0))[0] for g in data.gpus], width, label=s)
+    ax.bar(
+      [j + i * width for j in range(len(data.gpus))],
+      [by_gpu.get(g, (0, 0))[0] for g in data.gpus],
+      width,
+      label=s,
+    )
   ax.set_xticks([j + 0.4 - width / 2 for j in range(len(data.gpus))])
   ax.set_xticklabels([tables.display(g) for g in data.gpus], rotation=45, ha='right', fontsize=8)
   ax.set_ylabel(f'throughput / {catalog.get(reference).display}')

@@ -4,8 +4,19 @@ import json
 import os
 from typing import Any, Iterable
 
-COLUMNS = ('workload', 'precision', 'device', 'max batch', 'steps/s', 'throughput',
-           'step ms (spread)', 'peak GB', 'compile s', 'TFLOP/s', 'status')
+COLUMNS = (
+  'workload',
+  'precision',
+  'device',
+  'max batch',
+  'steps/s',
+  'throughput',
+  'step ms (spread)',
+  'peak GB',
+  'compile s',
+  'TFLOP/s',
+  'status',
+)
 
 
 def _fmt(value, spec, missing='-'):
@@ -25,9 +36,19 @@ def row(result: dict[str, Any]) -> tuple[str, ...]:
   step_txt = '-' if step is None else f"{1e3 * step:.2f} (±{m['spread_pct'] / 2:.1f}%)"
   peak = m.get('predicted_peak_bytes')
   status = result['status'] if not result.get('error') else f"{result['status']}: {result['error']}"
-  return (result['workload'], result['precision'], device, batch, _fmt(m.get('steps_per_s'), '.3f'),
-          throughput, step_txt, _fmt(None if peak is None else peak / 1e9, '.3g'),
-          _fmt(m.get('compile_s'), '.1f'), _fmt(m.get('tflops_per_s'), '.1f'), status[:80])
+  return (
+    result['workload'],
+    result['precision'],
+    device,
+    batch,
+    _fmt(m.get('steps_per_s'), '.3f'),
+    throughput,
+    step_txt,
+    _fmt(None if peak is None else peak / 1e9, '.3g'),
+    _fmt(m.get('compile_s'), '.1f'),
+    _fmt(m.get('tflops_per_s'), '.1f'),
+    status[:80],
+  )
 
 
 def table(results: Iterable[dict[str, Any]]) -> str:
@@ -61,13 +82,18 @@ def notes(results: Iterable[dict[str, Any]]) -> str:
   for r in results:
     dev, mem = r['device'], r['memory']
     if dev['platform'] != 'gpu':
-      out.append(f"{r['workload']}: ran on the {dev['platform'].upper()}, not a GPU"
-                 f"{' (tiny preset)' if r['tiny'] else ''}; figures are not comparable with GPU runs.")
+      out.append(
+        f"{r['workload']}: ran on the {dev['platform'].upper()}, not a GPU"
+        f"{' (tiny preset)' if r['tiny'] else ''}; figures are not comparable with GPU runs."
+      )
     limit = mem['limit_bytes']
     budget = mem['budget_bytes']
-    out.append(f"{r['workload']}: memory {'limit ' + format(limit / 1e9, '.1f') + ' GB' if limit else 'full device'}"
-               f", budget {'-' if budget is None else format(budget / 1e9, '.2f') + ' GB'}"
-               f" enforced by {mem['enforced_by']}; XLA rematerialization {'on' if mem['remat'] else 'off'}"
-               f"; search {r['search']['mode']}, {len(r['search']['trials'])} trials,"
-               f" {r['search']['seconds']:.1f} s.")
+    memory = f'limit {limit / 1e9:.1f} GB' if limit else 'full device'
+    out.append(
+      f"{r['workload']}: memory {memory}"
+      f", budget {'-' if budget is None else format(budget / 1e9, '.2f') + ' GB'}"
+      f" enforced by {mem['enforced_by']}; XLA rematerialization {'on' if mem['remat'] else 'off'}"
+      f"; search {r['search']['mode']}, {len(r['search']['trials'])} trials,"
+      f" {r['search']['seconds']:.1f} s."
+    )
   return '\n'.join(out)

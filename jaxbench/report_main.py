@@ -1,6 +1,6 @@
 """The report command: a sweep's store as the 2020 tables, beside the published figures.
 
-    python -m jaxbench.report_main --store=sweep.jsonl --out=docs/results/sweep
+python -m jaxbench.report_main --store=sweep.jsonl --out=docs/results/sweep
 """
 
 import os
@@ -36,8 +36,12 @@ def write(store_path: str, out_dir: str, reference: str) -> list[str]:
     with open(paths[-1], 'w') as f:
       f.write(built[name].csv())
   pngs = render.charts(data, reference, out_dir)
-  md = [f'# jaxbench sweep: {os.path.basename(store_path)}', '',
-        f'{len(data.records)} results; published figures: {published.SOURCE}.', '']
+  md = [
+    f'# jaxbench sweep: {os.path.basename(store_path)}',
+    '',
+    f'{len(data.records)} results; published figures: {published.SOURCE}.',
+    '',
+  ]
   md += [built[name].markdown() + '\n' for name in ORDER]
   md += [f'![{os.path.basename(p)}]({os.path.basename(p)})' for p in pngs]
   paths.append(os.path.join(out_dir, 'report.md'))

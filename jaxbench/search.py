@@ -20,7 +20,12 @@ from typing import Callable
 from jaxbench import program as prog
 
 FITS, OOM_PREDICTED, OOM_COMPILE, OOM_RUN, ERROR = (
-    'fits', 'oom_predicted', 'oom_compile', 'oom_run', 'error')
+  'fits',
+  'oom_predicted',
+  'oom_compile',
+  'oom_run',
+  'error',
+)
 
 
 @dataclasses.dataclass
@@ -55,8 +60,13 @@ class Result:
   error: str | None = None
 
 
-def probe(program: prog.Program, n: int, budget_bytes: int | None, run_steps: int = 2,
-          verify_predicted_oom: bool = False) -> tuple[Trial, prog.Compiled | None]:
+def probe(
+  program: prog.Program,
+  n: int,
+  budget_bytes: int | None,
+  run_steps: int = 2,
+  verify_predicted_oom: bool = False,
+) -> tuple[Trial, prog.Compiled | None]:
   """Compile (and unless predicted out of memory, run) the step at n examples."""
   trial, compiled = _probe(program, n, budget_bytes, run_steps, verify_predicted_oom)
   stats = prog.device_memory()
@@ -76,11 +86,19 @@ def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom):
     del e
     prog.release()
     return Trial(n, batch, outcome, detail=detail), None
-  trial = Trial(n, batch, FITS, predicted_peak_bytes=compiled.peak_bytes,
-                predicted_temp_bytes=compiled.temp_bytes, compile_s=round(compiled.compile_s, 3))
+  trial = Trial(
+    n,
+    batch,
+    FITS,
+    predicted_peak_bytes=compiled.peak_bytes,
+    predicted_temp_bytes=compiled.temp_bytes,
+    compile_s=round(compiled.compile_s, 3),
+  )
   if budget_bytes is not None and compiled.peak_bytes > budget_bytes and not verify_predicted_oom:
     trial.outcome = OOM_PREDICTED
-    trial.detail = f'predicted peak {compiled.peak_bytes / 1e9:.3f} GB > budget {budget_bytes / 1e9:.3f} GB'
+    trial.detail = (
+      f'predicted peak {compiled.peak_bytes / 1e9:.3f} GB > budget {budget_bytes / 1e9:.3f} GB'
+    )
     return trial, None
   if run_steps == 0:
     return trial, compiled  # compile-only: fits means "predicted to fit"
@@ -136,8 +154,15 @@ def _line_guess(trials: list[Trial], budget: int | None, lo: int, hi: int | None
   return int(n0 + (budget - p0) // slope)
 
 
-def _next_probe(trials: list[Trial], budget: int | None, lo: int, hi: int | None,
-                max_examples: int, gallop: int, line_missed: bool) -> tuple[int, str | None]:
+def _next_probe(
+  trials: list[Trial],
+  budget: int | None,
+  lo: int,
+  hi: int | None,
+  max_examples: int,
+  gallop: int,
+  line_missed: bool,
+) -> tuple[int, str | None]:
   """Where to probe next, given the largest fit `lo` and smallest failure `hi`.
 
   The line's guess when it falls strictly inside the bracket. When the line
@@ -162,9 +187,14 @@ def _next_probe(trials: list[Trial], budget: int | None, lo: int, hi: int | None
   return min(max(hi - gallop, mid), hi - 1), 'down'
 
 
-def find_max_batch(program: prog.Program, budget_bytes: int | None, max_examples: int = 1 << 20,
-                   verify_predicted_oom: bool = False,
-                   on_trial: Callable[[Trial], None] | None = None, run_steps: int = 2) -> Result:
+def find_max_batch(
+  program: prog.Program,
+  budget_bytes: int | None,
+  max_examples: int = 1 << 20,
+  verify_predicted_oom: bool = False,
+  on_trial: Callable[[Trial], None] | None = None,
+  run_steps: int = 2,
+) -> Result:
   """Search the largest number of examples whose step fits; see the module docstring.
 
   run_steps=0 is the compile-only search (--predict): nothing runs, a batch fits when its
@@ -197,5 +227,11 @@ def find_max_batch(program: prog.Program, budget_bytes: int | None, max_examples
     line_missed = line_missed or (direction is not None and not kept_going)
     n, direction = _next_probe(trials, budget_bytes, lo, hi, max_examples, gallop, line_missed)
     if n <= lo or (hi is not None and n >= hi) or n in {t.examples for t in trials}:
-      return Result(lo, trials, time.perf_counter() - start, budget_bytes, best,
-                    f'search stalled at {n} (fits {lo}, fails {hi})')
+      return Result(
+        lo,
+        trials,
+        time.perf_counter() - start,
+        budget_bytes,
+        best,
+        f'search stalled at {n} (fits {lo}, fails {hi})',
+      )

@@ -14,17 +14,35 @@ from typing import Any, Iterable
 Key = tuple  # (mode, workload, gpu, precision, tiny, overrides)
 
 
-def key(mode: str, workload: str, gpu: str | None, precision: str, tiny: bool,
-        overrides: Iterable[Iterable[str]]) -> Key:
-  return (mode, workload, gpu, precision, bool(tiny),
-          tuple(sorted(tuple(str(x) for x in kv) for kv in overrides)))
+def key(
+  mode: str,
+  workload: str,
+  gpu: str | None,
+  precision: str,
+  tiny: bool,
+  overrides: Iterable[Iterable[str]],
+) -> Key:
+  return (
+    mode,
+    workload,
+    gpu,
+    precision,
+    bool(tiny),
+    tuple(sorted(tuple(str(x) for x in kv) for kv in overrides)),
+  )
 
 
 def key_of(record: dict[str, Any]) -> Key:
   """The cell a stored result belongs to."""
   emu = record.get('emulation') or {}
-  return key(record.get('mode', 'run'), record['workload'], emu.get('gpu'),
-             record['precision'], record.get('tiny', False), record.get('overrides') or [])
+  return key(
+    record.get('mode', 'run'),
+    record['workload'],
+    emu.get('gpu'),
+    record['precision'],
+    record.get('tiny', False),
+    record.get('overrides') or [],
+  )
 
 
 def read(path: str) -> tuple[list[dict[str, Any]], str | None]:

@@ -35,20 +35,34 @@ class Cell:
 
   @property
   def key(self) -> store.Key:
-    return store.key(self.mode, self.workload, self.gpu, self.precision, self.tiny,
-                     self.overrides)
+    return store.key(self.mode, self.workload, self.gpu, self.precision, self.tiny, self.overrides)
 
   def label(self) -> str:
-    extra = ''.join([' tiny' if self.tiny else '', ' predict' if self.mode == 'predict' else '',
-                     ''.join(f' {k}={v}' for k, v in self.overrides)])
+    extra = ''.join(
+      [
+        ' tiny' if self.tiny else '',
+        ' predict' if self.mode == 'predict' else '',
+        ''.join(f' {k}={v}' for k, v in self.overrides),
+      ]
+    )
     return f'{self.workload} {self.precision} on {self.gpu}{extra}'
 
 
-def plan(workloads: list[tuple[str, str]], gpus: list[str], precisions: list[str] | None,
-         tiny: bool, overrides: tuple[tuple[str, str], ...], mode: str) -> list[Cell]:
+def plan(
+  workloads: list[tuple[str, str]],
+  gpus: list[str],
+  precisions: list[str] | None,
+  tiny: bool,
+  overrides: tuple[tuple[str, str], ...],
+  mode: str,
+) -> list[Cell]:
   """Cells in order: workload, then precision, then GPU. workloads: (name, default precision)."""
-  return [Cell(mode, name, gpu, p, tiny, tuple(sorted(overrides)))
-          for name, default in workloads for p in (precisions or [default]) for gpu in gpus]
+  return [
+    Cell(mode, name, gpu, p, tiny, tuple(sorted(overrides)))
+    for name, default in workloads
+    for p in (precisions or [default])
+    for gpu in gpus
+  ]
 
 
 def groups(cells: list[Cell]) -> list[list[Cell]]:
@@ -63,24 +77,41 @@ def groups(cells: list[Cell]) -> list[list[Cell]]:
 def command(group: list[Cell], store_path: str, passthrough: list[str]) -> list[str]:
   """The jaxbench.main command line that runs one group and appends to the store."""
   c = group[0]
-  cards = (['--predict', f'--gpus={",".join(x.gpu for x in group)}'] if c.mode == 'predict'
-           else [f'--gpu={c.gpu}'])
-  return [sys.executable, '-m', 'jaxbench.main', f'--model={c.workload}',
-          f'--precision={c.precision}', '--tiny' if c.tiny else '--notiny',
-          *[f'--set={k}={v}' for k, v in c.overrides], *cards, f'--output={store_path}',
-          *passthrough]
+  cards = (
+    ['--predict', f'--gpus={",".join(x.gpu for x in group)}']
+    if c.mode == 'predict'
+    else [f'--gpu={c.gpu}']
+  )
+  return [
+    sys.executable,
+    '-m',
+    'jaxbench.main',
+    f'--model={c.workload}',
+    f'--precision={c.precision}',
+    '--tiny' if c.tiny else '--notiny',
+    *[f'--set={k}={v}' for k, v in c.overrides],
+    *cards,
+    f'--output={store_path}',
+    *passthrough,
+  ]
 
 
 def failure(cell: Cell, error: str, seconds: float, log_tail: str) -> dict[str, Any]:
   """The record of a cell that ended without a result of its own."""
   gpu = catalog.get(cell.gpu)
   return {
-      'schema': 'jaxbench.result/1', 'mode': cell.mode, 'workload': cell.workload,
-      'precision': cell.precision, 'tiny': cell.tiny,
-      'overrides': [list(kv) for kv in cell.overrides],
-      'emulation': {**gpu.emulation(), 'how': 'sweep cell without a result'},
-      'timestamp': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-      'status': 'failed', 'error': error, 'seconds': round(seconds, 1), 'log_tail': log_tail,
+    'schema': 'jaxbench.result/1',
+    'mode': cell.mode,
+    'workload': cell.workload,
+    'precision': cell.precision,
+    'tiny': cell.tiny,
+    'overrides': [list(kv) for kv in cell.overrides],
+    'emulation': {**gpu.emulation(), 'how': 'sweep cell without a result'},
+    'timestamp': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+    'status': 'failed',
+    'error': error,
+    'seconds': round(seconds, 1),
+    'log_tail': log_tail,
   }
 
 
@@ -114,33 +145,51 @@ def outcome(record: dict[str, Any] | None) -> str:
   return f"{status}: {(record.get('error') or '')[:80]}"
 
 
-def run(cells: list[Cell], store_path: str, make_command: Callable[[list[Cell]], list[str]],
-        timeout_s: float, retry_failed: bool = False, env: dict[str, str] | None = None,
-        out: Callable[..., None] = functools.partial(print, flush=True)) -> int:
+def run(
+  cells: list[Cell],
+  store_path: str,
+  make_command: Callable[[list[Cell]], list[str]],
+  timeout_s: float,
+  retry_failed: bool = False,
+  env: dict[str, str] | None = None,
+  out: Callable[..., None] = functools.partial(print, flush=True),
+) -> int:
   """Run the cells the store lacks; returns the number of cells that failed this time."""
   records, warning = store.read(store_path)
   if warning:
     out(warning)
   store.end_line(store_path)  # a cut-short last line must not swallow the next result
   done = store.latest(records)
-  todo = [c for c in cells if c.key not in done
-          or (retry_failed and done[c.key]['status'] == 'failed')]
-  out(f'sweep: {len(cells)} cells, {len(cells) - len(todo)} already in {store_path}, '
-      f'{len(todo)} to run')
+  todo = [
+    c for c in cells if c.key not in done or (retry_failed and done[c.key]['status'] == 'failed')
+  ]
+  out(
+    f'sweep: {len(cells)} cells, {len(cells) - len(todo)} already in {store_path}, '
+    f'{len(todo)} to run'
+  )
   log_path = store_path + '.log'
   start, finished, failed = time.monotonic(), 0, 0
   for group in groups(todo):
     before = collections.Counter(store.key_of(r) for r in store.read(store_path)[0])
     t0 = time.monotonic()
-    label = group[0].label() if len(group) == 1 else (
-        f'{group[0].label().rsplit(" on ", 1)[0]} on {",".join(c.gpu for c in group)}')
+    label = (
+      group[0].label()
+      if len(group) == 1
+      else (f'{group[0].label().rsplit(" on ", 1)[0]} on {",".join(c.gpu for c in group)}')
+    )
     out(f'[{len(cells) - len(todo) + finished + 1}/{len(cells)}] {label}: ', end='')
     with open(log_path, 'ab') as log:
       log.write(f'\n=== {datetime.datetime.now().isoformat(timespec="seconds")} {label}\n'.encode())
       log.flush()
       offset = log.tell()
-      proc = subprocess.Popen(make_command(group), stdout=log, stderr=subprocess.STDOUT,
-                              env=env, start_new_session=True, preexec_fn=_die_with_parent)
+      proc = subprocess.Popen(
+        make_command(group),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent,
+      )
       try:
         rc, error = proc.wait(timeout=timeout_s * len(group)), None
       except subprocess.TimeoutExpired:
@@ -154,17 +203,21 @@ def run(cells: list[Cell], store_path: str, make_command: Callable[[list[Cell]],
     latest = store.latest(records)
     for i, cell in enumerate(group):
       if after[cell.key] <= before[cell.key]:
-        report.append_jsonl(store_path, failure(cell, error, seconds / len(group),
-                                                _tail(log_path, offset)))
+        report.append_jsonl(
+          store_path, failure(cell, error, seconds / len(group), _tail(log_path, offset))
+        )
         latest[cell.key] = {'status': 'failed', 'error': error}
         failed += 1
       finished += 1
       elapsed = time.monotonic() - start
       left = elapsed / finished * (len(todo) - finished)
-      head = ('' if i == 0
-              else f'[{len(cells) - len(todo) + finished}/{len(cells)}] {cell.label()}: ')
-      out(f'{head}{outcome(latest.get(cell.key))} ({_hms(seconds / len(group))}) | '
-          f'elapsed {_hms(elapsed)}, ~{_hms(left)} left')
+      head = (
+        '' if i == 0 else f'[{len(cells) - len(todo) + finished}/{len(cells)}] {cell.label()}: '
+      )
+      out(
+        f'{head}{outcome(latest.get(cell.key))} ({_hms(seconds / len(group))}) | '
+        f'elapsed {_hms(elapsed)}, ~{_hms(left)} left'
+      )
   out(f'sweep: done, {failed} failed this run' + (f' (log: {log_path})' if failed else ''))
   return failed
 
@@ -178,11 +231,16 @@ def _tail(path: str, offset: int, lines: int = 8) -> str:
 
 def passthrough(f) -> list[str]:
   """The flags of this command that every cell's process gets unchanged."""
-  args = [f'--steps={f.steps}', f'--windows={f.windows}', f'--warmup_steps={f.warmup_steps}',
-          f'--seed={f.seed}', f'--max_examples={f.max_examples}',
-          '--remat' if f.remat else '--noremat',
-          '--triton_gemm' if f.triton_gemm else '--notriton_gemm',
-          '--verify_predicted_oom' if f.verify_predicted_oom else '--noverify_predicted_oom']
+  args = [
+    f'--steps={f.steps}',
+    f'--windows={f.windows}',
+    f'--warmup_steps={f.warmup_steps}',
+    f'--seed={f.seed}',
+    f'--max_examples={f.max_examples}',
+    '--remat' if f.remat else '--noremat',
+    '--triton_gemm' if f.triton_gemm else '--notriton_gemm',
+    '--verify_predicted_oom' if f.verify_predicted_oom else '--noverify_predicted_oom',
+  ]
   if f.compilation_cache_dir:
     args.append(f'--compilation_cache_dir={f.compilation_cache_dir}')
   return args
@@ -205,11 +263,15 @@ def main(f, gpus: list[catalog.Gpu], fail: Callable[[str], None]) -> int:
   for name in f.precisions:
     if name not in precision.POLICIES:
       fail(f'unknown precision {name!r}; valid: {", ".join(precision.POLICIES)}')
-  cells = plan([(w.name, w.default_precision) for w in p.workloads], [g.name for g in gpus],
-               list(dict.fromkeys(f.precisions)) or None, tiny, p.options.overrides,
-               'predict' if f.predict else 'run')
-  make = functools.partial(command, store_path=os.path.abspath(f.store),
-                           passthrough=passthrough(f))
+  cells = plan(
+    [(w.name, w.default_precision) for w in p.workloads],
+    [g.name for g in gpus],
+    list(dict.fromkeys(f.precisions)) or None,
+    tiny,
+    p.options.overrides,
+    'predict' if f.predict else 'run',
+  )
+  make = functools.partial(command, store_path=os.path.abspath(f.store), passthrough=passthrough(f))
   try:
     with store.Lock(f.store):
       failed = run(cells, f.store, make, f.cell_timeout_s, f.retry_failed, env)

@@ -26,8 +26,12 @@ class Table:
   notes: list[str] = dataclasses.field(default_factory=list)
 
   def markdown(self) -> str:
-    lines = [f'### {self.title}', '', '| ' + ' | '.join(self.header) + ' |',
-             '|' + '|'.join('---' for _ in self.header) + '|']
+    lines = [
+      f'### {self.title}',
+      '',
+      '| ' + ' | '.join(self.header) + ' |',
+      '|' + '|'.join('---' for _ in self.header) + '|',
+    ]
     lines += ['| ' + ' | '.join(r) + ' |' for r in self.rows]
     return '\n'.join(lines + [''] + [f'- {n}' for n in self.notes])
 
@@ -54,8 +58,12 @@ class Cell:
 
 def source_label(record: dict[str, Any]) -> str:
   kind = 'predicted' if record.get('mode') == 'predict' else 'emulated'
-  extra = ''.join([' tiny' if record.get('tiny') else '',
-                   ''.join(f' {k}={v}' for k, v in record.get('overrides') or [])])
+  extra = ''.join(
+    [
+      ' tiny' if record.get('tiny') else '',
+      ''.join(f' {k}={v}' for k, v in record.get('overrides') or []),
+    ]
+  )
   return f"{kind} {record['precision']}{extra}"
 
 
@@ -98,12 +106,15 @@ def collect(records: list[dict[str, Any]]) -> Data:
   for row in published.rows():
     text = 'OOM' if row.max_batch == 0 else str(row.max_batch)
     batch.setdefault((row.workload, PUBLISHED), {})[row.gpu] = Cell(
-        float(row.max_batch) if row.max_batch else None, text)
+      float(row.max_batch) if row.max_batch else None, text
+    )
     tput.setdefault((row.workload, PUBLISHED), {})[row.gpu] = Cell(
-        row.throughput if row.max_batch else None, 'OOM' if row.max_batch == 0
-        else fmt(row.throughput))
-  sources: dict[str, list[str]] = {w: [PUBLISHED] if (w, PUBLISHED) in batch else []
-                                   for w in workloads}
+      row.throughput if row.max_batch else None,
+      'OOM' if row.max_batch == 0 else fmt(row.throughput),
+    )
+  sources: dict[str, list[str]] = {
+    w: [PUBLISHED] if (w, PUBLISHED) in batch else [] for w in workloads
+  }
   for r in sorted(latest, key=lambda r: (r.get('mode') == 'predict', source_label(r))):
     src, w, gpu = source_label(r), r['workload'], r['emulation']['gpu']
     if src not in sources[w]:
@@ -137,12 +148,12 @@ def metric_table(data: Data, grid: dict, title: str, unit_note: str) -> Table:
   for w in data.workloads:
     for src in [s for s in data.sources[w] if (w, s) in grid]:
       mark = SWAP_MARK if src == PUBLISHED and w in published.SWAPPED else ''
-      rows.append([w, src + mark] + [grid[(w, src)].get(g, Cell(None, '')).text
-                                     for g in data.gpus])
+      rows.append([w, src + mark] + [grid[(w, src)].get(g, Cell(None, '')).text for g in data.gpus])
     pub = grid.get((w, PUBLISHED), {})
     for src in [s for s in data.sources[w] if s != PUBLISHED and (w, s) in grid and pub]:
-      rows.append([w, f'{src} / 2020'] + [_ratio(grid[(w, src)].get(g), pub.get(g))
-                                         for g in data.gpus])
+      rows.append(
+        [w, f'{src} / 2020'] + [_ratio(grid[(w, src)].get(g), pub.get(g)) for g in data.gpus]
+      )
   return Table(title, header, rows, [unit_note])
 
 
@@ -165,5 +176,7 @@ def summary(data: Data, reference: str) -> dict[str, dict[str, tuple[float, int]
     for g, v in by_gpu.items():
       if v > 0:
         logs.setdefault(src, {}).setdefault(g, []).append(math.log(v))
-  return {src: {g: (math.exp(sum(v) / len(v)), len(v)) for g, v in by_gpu.items()}
-          for src, by_gpu in logs.items()}
+  return {
+    src: {g: (math.exp(sum(v) / len(v)), len(v)) for g, v in by_gpu.items()}
+    for src, by_gpu in logs.items()
+  }

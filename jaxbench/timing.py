@@ -35,8 +35,9 @@ class Measurement:
     return 100.0 * (max(self.window_step_s) - min(self.window_step_s)) / self.median_step_s
 
 
-def measure(program: prog.Program, compiled: prog.Compiled, warmup_steps: int, steps: int,
-            windows: int) -> Measurement:
+def measure(
+  program: prog.Program, compiled: prog.Compiled, warmup_steps: int, steps: int, windows: int
+) -> Measurement:
   """Time `steps` steps in `windows` windows after `warmup_steps` untimed ones.
 
   The batch is built once on the device and reused; the transfer guard proves
@@ -65,6 +66,11 @@ def measure(program: prog.Program, compiled: prog.Compiled, warmup_steps: int, s
   finally:
     del state, batch
   stats = prog.device_memory()
-  return Measurement(examples=compiled.n, warmup_steps=warmup_steps, steps_per_window=per_window,
-                     window_step_s=times, final_loss=loss,
-                     process_peak_bytes=stats.get('peak_bytes_in_use') if stats else None)
+  return Measurement(
+    examples=compiled.n,
+    warmup_steps=warmup_steps,
+    steps_per_window=per_window,
+    window_step_s=times,
+    final_loss=loss,
+    process_peak_bytes=stats.get('peak_bytes_in_use') if stats else None,
+  )

@@ -109,10 +109,10 @@ class TrainState:
 
 
 def supervised(
-    model: Callable[[Config, Any], nn.Module],
-    make_batch: Callable[[Config, jax.Array, int], Batch],
-    loss: Callable[[Config, Any, Batch], tuple[jax.Array, Metrics]],
-    optimizer: Callable[[Config], optax.GradientTransformation],
+  model: Callable[[Config, Any], nn.Module],
+  make_batch: Callable[[Config, jax.Array, int], Batch],
+  loss: Callable[[Config, Any, Batch], tuple[jax.Array, Metrics]],
+  optimizer: Callable[[Config], optax.GradientTransformation],
 ) -> Callable[[Config, precision.Policy], Trainer]:
   """The trainer of a model trained with one loss and one optimizer.
 
@@ -132,8 +132,13 @@ def supervised(
       batch = make_batch(cfg, batch_rng, 1)
       variables = module.init({'params': params_rng, 'dropout': dropout_rng}, batch, train=False)
       params = variables.pop('params')
-      return TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state=variables,
-                        opt_state=tx.init(params), loss_scale=policy.initial_scale())
+      return TrainState(
+        step=jnp.zeros((), jnp.int32),
+        params=params,
+        model_state=variables,
+        opt_state=tx.init(params),
+        loss_scale=policy.initial_scale(),
+      )
 
     def step(state, batch, rng):
       rng = jax.random.fold_in(rng, state.step)
@@ -142,8 +147,9 @@ def supervised(
       def loss_fn(params):
         variables = {'params': params, **state.model_state}
         if mutable:
-          outputs, new_model_state = module.apply(variables, batch, train=True,
-                                                  rngs={'dropout': rng}, mutable=mutable)
+          outputs, new_model_state = module.apply(
+            variables, batch, train=True, rngs={'dropout': rng}, mutable=mutable
+          )
         else:
           outputs = module.apply(variables, batch, train=True, rngs={'dropout': rng})
           new_model_state = state.model_state
@@ -151,11 +157,14 @@ def supervised(
         return value, (new_model_state, metrics)
 
       if state.loss_scale is None:
-        (value, (model_state, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+        (value, (model_state, metrics)), grads = jax.value_and_grad(loss_fn, has_aux=True)(
+          state.params
+        )
         finite, loss_scale = None, None
       else:
         loss_scale, finite, (value, (model_state, metrics)), grads = (
-            state.loss_scale.value_and_grad(loss_fn, has_aux=True)(state.params))
+          state.loss_scale.value_and_grad(loss_fn, has_aux=True)(state.params)
+        )
       updates, opt_state = tx.update(grads, state.opt_state, state.params)
       params = optax.apply_updates(state.params, updates)
       if finite is not None:
@@ -163,8 +172,13 @@ def supervised(
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
         params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
         model_state = keep(model_state, state.model_state)
-      new_state = TrainState(step=state.step + 1, params=params, model_state=model_state,
-                             opt_state=opt_state, loss_scale=loss_scale)
+      new_state = TrainState(
+        step=state.step + 1,
+        params=params,
+        model_state=model_state,
+        opt_state=opt_state,
+        loss_scale=loss_scale,
+      )
       return new_state, {'loss': value, **metrics}
 
     return Trainer(init=init, make_batch=lambda rng, n: make_batch(cfg, rng, n), step=step)

@@ -31,11 +31,17 @@ class BertEncoder(nn.Module):
   def __call__(self, tokens_BxL, segments_BxL, train):
     cfg = self.cfg
     h = cfg['hidden']
-    embed = nn.Embed(cfg['vocab'], h, embedding_init=dense_init, dtype=self.dtype,
-                     name='word_embeddings')
+    embed = nn.Embed(
+      cfg['vocab'], h, embedding_init=dense_init, dtype=self.dtype, name='word_embeddings'
+    )
     positions = self.param('position_embeddings', dense_init, (cfg['max_positions'], h))
-    segment = nn.Embed(cfg['type_vocab'], h, embedding_init=dense_init, dtype=self.dtype,
-                       name='token_type_embeddings')
+    segment = nn.Embed(
+      cfg['type_vocab'],
+      h,
+      embedding_init=dense_init,
+      dtype=self.dtype,
+      name='token_type_embeddings',
+    )
     length = tokens_BxL.shape[1]
     x = embed(tokens_BxL) + segment(segments_BxL) + positions[None, :length].astype(self.dtype)
     x = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, name='embeddings_norm')(x)
@@ -44,9 +50,15 @@ class BertEncoder(nn.Module):
     mask = nn.make_attention_mask(valid, valid)
     for i in range(cfg['layers']):
       x = transformer.PostLNLayer(
-          heads=cfg['heads'], ffn=cfg['ffn'], dropout=cfg['dropout'],
-          attention_dropout=cfg['dropout'], activation=gelu, ln_eps=LN_EPS, dtype=self.dtype,
-          name=f'layer_{i}')(x, mask, train)
+        heads=cfg['heads'],
+        ffn=cfg['ffn'],
+        dropout=cfg['dropout'],
+        attention_dropout=cfg['dropout'],
+        activation=gelu,
+        ln_eps=LN_EPS,
+        dtype=self.dtype,
+        name=f'layer_{i}',
+      )(x, mask, train)
     return x, embed
 
 
@@ -70,12 +82,14 @@ class BertPretraining(nn.Module):
   @nn.compact
   def __call__(self, batch, train):
     hidden, embed = BertEncoder(self.cfg, self.dtype, name='bert')(
-        batch['tokens'], batch['segments'], train)
+      batch['tokens'], batch['segments'], train
+    )
     # Gather the masked positions before the vocabulary projection: the
     # 30522-way softmax runs on 20 positions per sequence, not all 128.
     picked_BxPxH = jnp.take_along_axis(hidden, batch['masked_positions'][..., None], axis=1)
-    x = nn.Dense(hidden.shape[-1], kernel_init=dense_init, dtype=self.dtype,
-                 name='mlm_transform')(picked_BxPxH)
+    x = nn.Dense(hidden.shape[-1], kernel_init=dense_init, dtype=self.dtype, name='mlm_transform')(
+      picked_BxPxH
+    )
     x = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, name='mlm_norm')(gelu(x))
     mlm_bias = self.param('mlm_bias', nn.initializers.zeros, (self.cfg['vocab'],))
     mlm_logits_BxPxV = embed.attend(x) + mlm_bias.astype(self.dtype)
@@ -94,10 +108,12 @@ def make_batch(cfg, rng, n):
   scores = jax.random.uniform(pos_rng, (n, length - 1))
   positions = 1 + jax.lax.top_k(scores, masked)[1].astype(jnp.int32)
   return {
-      'tokens': tokens, 'segments': segments, 'masked_positions': positions,
-      'masked_ids': jax.random.randint(lab_rng, (n, masked), 1, cfg['vocab'], jnp.int32),
-      'masked_weights': jnp.ones((n, masked), jnp.float32),
-      'next_sentence': jax.random.bernoulli(nsp_rng, 0.5, (n,)).astype(jnp.int32),
+    'tokens': tokens,
+    'segments': segments,
+    'masked_positions': positions,
+    'masked_ids': jax.random.randint(lab_rng, (n, masked), 1, cfg['vocab'], jnp.int32),
+    'masked_weights': jnp.ones((n, masked), jnp.float32),
+    'next_sentence': jax.random.bernoulli(nsp_rng, 0.5, (n,)).astype(jnp.int32),
   }
 
 
@@ -111,25 +127,31 @@ def pretraining_loss(cfg, outputs, batch):
   mlm_logits, nsp_logits = outputs
   weights = batch['masked_weights']
   mlm = (cross_entropy(mlm_logits, batch['masked_ids']) * weights).sum() / jnp.maximum(
-      weights.sum(), 1.0)
+    weights.sum(), 1.0
+  )
   nsp = cross_entropy(nsp_logits, batch['next_sentence']).mean()
   return mlm + nsp, {'mlm_loss': mlm, 'nsp_loss': nsp}
 
 
 def _decay_mask(params):
   """AdamW decays every weight matrix; LayerNorm parameters and biases are exempt."""
+
   def decays(path, _):
     name = path[-1].key
     return name not in ('bias', 'scale', 'mlm_bias')
+
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
 def adamw(cfg):
   """BERT's AdamW: linear warm-up to lr, then linear decay to 0; eps 1e-6, wd 0.01."""
   schedule = optax.join_schedules(
-      [optax.linear_schedule(0.0, cfg['lr'], cfg['warmup']),
-       optax.linear_schedule(cfg['lr'], 0.0, max(cfg['total_steps'] - cfg['warmup'], 1))],
-      [cfg['warmup']])
+    [
+      optax.linear_schedule(0.0, cfg['lr'], cfg['warmup']),
+      optax.linear_schedule(cfg['lr'], 0.0, max(cfg['total_steps'] - cfg['warmup'], 1)),
+    ],
+    [cfg['warmup']],
+  )
   return optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, mask=_decay_mask)
 
 
@@ -141,30 +163,55 @@ def encoder_flops_per_token(cfg, length):
 
 def pretraining_flops(cfg):
   h, length = cfg['hidden'], cfg['seq_len']
-  forward = (length * encoder_flops_per_token(cfg, length)
-             + cfg['masked'] * (2 * h * h + 2 * h * cfg['vocab'])  # MLM transform, projection
-             + 2 * h * h + 2 * h * 2)  # pooler, NSP
+  forward = (
+    length * encoder_flops_per_token(cfg, length)
+    + cfg['masked'] * (2 * h * h + 2 * h * cfg['vocab'])  # MLM transform, projection
+    + 2 * h * h
+    + 2 * h * 2
+  )  # pooler, NSP
   return 3.0 * forward
 
 
 BERT_BASE_CONFIG = dict(
-    vocab=30522, hidden=768, layers=12, heads=12, ffn=3072, max_positions=512, type_vocab=2,
-    dropout=0.1, seq_len=128, masked=20,
-    lr=1e-4, warmup=10000, total_steps=1000000,
+  vocab=30522,
+  hidden=768,
+  layers=12,
+  heads=12,
+  ffn=3072,
+  max_positions=512,
+  type_vocab=2,
+  dropout=0.1,
+  seq_len=128,
+  masked=20,
+  lr=1e-4,
+  warmup=10000,
+  total_steps=1000000,
 )
-BERT_TINY = dict(vocab=128, hidden=32, layers=2, heads=4, ffn=64, max_positions=32,
-                 seq_len=16, masked=4, lr=1e-3, warmup=1, total_steps=1000)
+BERT_TINY = dict(
+  vocab=128,
+  hidden=32,
+  layers=2,
+  heads=4,
+  ffn=64,
+  max_positions=32,
+  seq_len=16,
+  masked=4,
+  lr=1e-3,
+  warmup=1,
+  total_steps=1000,
+)
 
 BERT_BASE = wl.Workload(
-    name='bert_base',
-    description='BERT-base uncased pretraining at sequence length 128 (MLM on 20 positions + NSP)',
-    unit='sequences',
-    throughput_unit='sequences/s',
-    config=BERT_BASE_CONFIG,
-    tiny=BERT_TINY,
-    trainer=wl.supervised(lambda cfg, dtype: BertPretraining(cfg, dtype), make_batch,
-                          pretraining_loss, adamw),
-    flops_per_example=pretraining_flops,
+  name='bert_base',
+  description='BERT-base uncased pretraining at sequence length 128 (MLM on 20 positions + NSP)',
+  unit='sequences',
+  throughput_unit='sequences/s',
+  config=BERT_BASE_CONFIG,
+  tiny=BERT_TINY,
+  trainer=wl.supervised(
+    lambda cfg, dtype: BertPretraining(cfg, dtype), make_batch, pretraining_loss, adamw
+  ),
+  flops_per_example=pretraining_flops,
 )
 
 
@@ -180,7 +227,8 @@ class BertSquad(nn.Module):
   @nn.compact
   def __call__(self, batch, train):
     hidden, _ = BertEncoder(self.cfg, self.dtype, name='bert')(
-        batch['tokens'], batch['segments'], train)
+      batch['tokens'], batch['segments'], train
+    )
     logits_BxLx2 = nn.Dense(2, kernel_init=dense_init, dtype=self.dtype, name='span')(hidden)
     return logits_BxLx2[..., 0], logits_BxLx2[..., 1]
 
@@ -215,22 +263,37 @@ def squad_flops(cfg):
 
 # run_squad.py's README recipe: lr 3e-5, 2 epochs of ~88.6k features at batch 12, 10% warm-up.
 BERT_SQUAD_CONFIG = dict(
-    BERT_BASE_CONFIG, seq_len=384, question_len=64, max_answer_len=30,
-    lr=3e-5, warmup=1477, total_steps=14774,
+  BERT_BASE_CONFIG,
+  seq_len=384,
+  question_len=64,
+  max_answer_len=30,
+  lr=3e-5,
+  warmup=1477,
+  total_steps=14774,
 )
 del BERT_SQUAD_CONFIG['masked']
-BERT_SQUAD_TINY = dict(vocab=128, hidden=32, layers=2, heads=4, ffn=64, max_positions=32,
-                       seq_len=24, question_len=8, max_answer_len=4,
-                       lr=1e-3, warmup=1, total_steps=1000)
+BERT_SQUAD_TINY = dict(
+  vocab=128,
+  hidden=32,
+  layers=2,
+  heads=4,
+  ffn=64,
+  max_positions=32,
+  seq_len=24,
+  question_len=8,
+  max_answer_len=4,
+  lr=1e-3,
+  warmup=1,
+  total_steps=1000,
+)
 
 BERT_SQUAD = wl.Workload(
-    name='bert_squad',
-    description='BERT-base uncased SQuAD 1.1 fine-tuning at sequence length 384 (span head)',
-    unit='sequences',
-    throughput_unit='sequences/s',
-    config=BERT_SQUAD_CONFIG,
-    tiny=BERT_SQUAD_TINY,
-    trainer=wl.supervised(lambda cfg, dtype: BertSquad(cfg, dtype), squad_batch, squad_loss,
-                          adamw),
-    flops_per_example=squad_flops,
+  name='bert_squad',
+  description='BERT-base uncased SQuAD 1.1 fine-tuning at sequence length 384 (span head)',
+  unit='sequences',
+  throughput_unit='sequences/s',
+  config=BERT_SQUAD_CONFIG,
+  tiny=BERT_SQUAD_TINY,
+  trainer=wl.supervised(lambda cfg, dtype: BertSquad(cfg, dtype), squad_batch, squad_loss, adamw),
+  flops_per_example=squad_flops,
 )

@@ -53,14 +53,22 @@ def resize_bilinear(x_BxHxWxC, height: int, width: int):
 
 def head_conv(features, dtype, name):
   """A 1x1 convolution, batch norm and ReLU of the ASPP and decoder."""
-  return xception.ConvBN(features, 1, bn_eps=HEAD_BN_EPS, kernel_init=GLOROT, dtype=dtype,
-                         name=name)
+  return xception.ConvBN(
+    features, 1, bn_eps=HEAD_BN_EPS, kernel_init=GLOROT, dtype=dtype, name=name
+  )
 
 
 def head_separable(features, rate, dtype, name):
-  return xception.SeparableConv(features, rate=rate, activation=nn.relu, bn_eps=HEAD_BN_EPS,
-                                depthwise_init=SEP_DEPTHWISE_INIT,
-                                pointwise_init=SEP_POINTWISE_INIT, dtype=dtype, name=name)
+  return xception.SeparableConv(
+    features,
+    rate=rate,
+    activation=nn.relu,
+    bn_eps=HEAD_BN_EPS,
+    depthwise_init=SEP_DEPTHWISE_INIT,
+    pointwise_init=SEP_POINTWISE_INIT,
+    dtype=dtype,
+    name=name,
+  )
 
 
 class DeepLabV3Plus(nn.Module):
@@ -83,8 +91,10 @@ class DeepLabV3Plus(nn.Module):
     # ASPP. Image pooling averages the whole crop's feature map.
     pooled = jnp.mean(features, axis=(1, 2), keepdims=True)
     pooled = head_conv(depth, dtype, 'image_pooling')(pooled, train)
-    branches = [jnp.broadcast_to(pooled, pooled.shape[:1] + (height, width, depth)),
-                head_conv(depth, dtype, 'aspp0')(features, train)]
+    branches = [
+      jnp.broadcast_to(pooled, pooled.shape[:1] + (height, width, depth)),
+      head_conv(depth, dtype, 'aspp0')(features, train),
+    ]
     for i, rate in enumerate(cfg['atrous_rates'], 1):
       branches.append(head_separable(depth, rate, dtype, f'aspp{i}')(features, train))
     x = head_conv(depth, dtype, 'concat_projection')(jnp.concatenate(branches, -1), train)
@@ -98,8 +108,7 @@ class DeepLabV3Plus(nn.Module):
     for i in range(2):
       x = head_separable(cfg['decoder_depth'], 1, dtype, f'decoder_conv{i}')(x, train)
 
-    logits = nn.Conv(cfg['classes'], (1, 1), kernel_init=LOGITS_INIT, dtype=dtype,
-                     name='logits')(x)
+    logits = nn.Conv(cfg['classes'], (1, 1), kernel_init=LOGITS_INIT, dtype=dtype, name='logits')(x)
     return resize_bilinear(logits, crop, crop)
 
 
@@ -117,7 +126,7 @@ def make_batch(cfg, rng, n):
   cell = pixels * grid // crop
   before = jnp.maximum(pixels - cfg['ignore_band'], 0) * grid // crop  # no wrap-around
   labels = coarse[:, cell][:, :, cell]
-  border = ((labels != coarse[:, before][:, :, cell]) | (labels != coarse[:, cell][:, :, before]))
+  border = (labels != coarse[:, before][:, :, cell]) | (labels != coarse[:, cell][:, :, before])
   labels = jnp.where(border, IGNORE_LABEL, labels)
   palette = jax.random.uniform(color_rng, (classes + 1, 3), jnp.float32, -1.0, 1.0)
   noise = 0.3 * jax.random.normal(noise_rng, (n, crop, crop, 3), jnp.float32)
@@ -132,7 +141,8 @@ def loss(cfg, logits_BxHxWxK, batch):
   labels = batch['labels']
   valid = labels != IGNORE_LABEL
   per_pixel = optax.softmax_cross_entropy_with_integer_labels(
-      logits_BxHxWxK.astype(jnp.float32), jnp.where(valid, labels, 0))
+    logits_BxHxWxK.astype(jnp.float32), jnp.where(valid, labels, 0)
+  )
   weights = valid.astype(jnp.float32)
   value = (per_pixel * weights).sum() / jnp.maximum(weights.sum(), 1.0)
   return value, {'ignored_fraction': 1.0 - weights.mean()}
@@ -141,14 +151,17 @@ def loss(cfg, logits_BxHxWxK, batch):
 def decays(params):
   """L2 on convolution kernels only: no depthwise kernels, biases or batch-norm parameters."""
   return jax.tree_util.tree_map_with_path(
-      lambda path, _: path[-1].key == 'kernel' and path[-2].key != 'depthwise', params)
+    lambda path, _: path[-1].key == 'kernel' and path[-2].key != 'depthwise', params
+  )
 
 
 def optimizer(cfg):
   """DeepLab's momentum SGD with the 'poly' schedule and L2 weight decay."""
   schedule = optax.polynomial_schedule(cfg['lr'], 0.0, cfg['lr_power'], cfg['total_steps'])
-  return optax.chain(optax.add_decayed_weights(cfg['weight_decay'], mask=decays),
-                     optax.sgd(schedule, momentum=cfg['momentum']))
+  return optax.chain(
+    optax.add_decayed_weights(cfg['weight_decay'], mask=decays),
+    optax.sgd(schedule, momentum=cfg['momentum']),
+  )
 
 
 def _resize_flops(size, out, channels):
@@ -174,8 +187,11 @@ def forward_flops(cfg, with_resizes=True):
   forward += 2.0 * dec * dec * ((depth + proj) * (9 + dd) + dd * (9 + dd))  # decoder separables
   forward += 2.0 * dec * dec * dd * cfg['classes']  # logits
   if with_resizes:
-    forward += (_resize_flops(s, dec, depth) + _resize_flops(low_size, dec, proj)
-                + _resize_flops(dec, crop, cfg['classes']))
+    forward += (
+      _resize_flops(s, dec, depth)
+      + _resize_flops(low_size, dec, proj)
+      + _resize_flops(dec, crop, cfg['classes'])
+    )
   return forward
 
 
@@ -185,31 +201,53 @@ def flops_per_example(cfg):
 
 
 DEEPLABV3_CONFIG = dict(
-    crop=513, classes=21, output_stride=16, decoder_output_stride=4,
-    stem=(32, 64), entry_depths=((128, 128, 128), (256, 256, 256), (728, 728, 728)),
-    middle_depth=728, middle_blocks=16, exit_depths=((728, 1024, 1024), (1536, 1536, 2048)),
-    atrous_rates=(6, 12, 18), aspp_depth=256, aspp_dropout=0.1, projection_depth=48,
-    decoder_depth=256,
-    # Synthetic labels: a label_grid x label_grid class map, 255 in a band along borders.
-    label_grid=8, ignore_band=4,
-    lr=0.007, lr_power=0.9, total_steps=30000, momentum=0.9, weight_decay=4e-5,
+  crop=513,
+  classes=21,
+  output_stride=16,
+  decoder_output_stride=4,
+  stem=(32, 64),
+  entry_depths=((128, 128, 128), (256, 256, 256), (728, 728, 728)),
+  middle_depth=728,
+  middle_blocks=16,
+  exit_depths=((728, 1024, 1024), (1536, 1536, 2048)),
+  atrous_rates=(6, 12, 18),
+  aspp_depth=256,
+  aspp_dropout=0.1,
+  projection_depth=48,
+  decoder_depth=256,
+  # Synthetic labels: a label_grid x label_grid class map, 255 in a band along borders.
+  label_grid=8,
+  ignore_band=4,
+  lr=0.007,
+  lr_power=0.9,
+  total_steps=30000,
+  momentum=0.9,
+  weight_decay=4e-5,
 )
 DEEPLABV3_TINY = dict(
-    crop=65, stem=(8, 8), entry_depths=((8, 8, 8), (16, 16, 16), (16, 16, 16)),
-    middle_depth=16, middle_blocks=1, exit_depths=((16, 24, 24), (24, 24, 32)),
-    atrous_rates=(1, 2, 3), aspp_depth=16, projection_depth=8, decoder_depth=16,
-    label_grid=4, ignore_band=2, lr=0.05,
+  crop=65,
+  stem=(8, 8),
+  entry_depths=((8, 8, 8), (16, 16, 16), (16, 16, 16)),
+  middle_depth=16,
+  middle_blocks=1,
+  exit_depths=((16, 24, 24), (24, 24, 32)),
+  atrous_rates=(1, 2, 3),
+  aspp_depth=16,
+  projection_depth=8,
+  decoder_depth=16,
+  label_grid=4,
+  ignore_band=2,
+  lr=0.05,
 )
 
 DEEPLABV3 = wl.Workload(
-    name='deeplabv3',
-    description='DeepLabv3+ with aligned Xception-65, output stride 16, 513x513 VOC crops',
-    unit='images',
-    throughput_unit='images/s',
-    config=DEEPLABV3_CONFIG,
-    tiny=DEEPLABV3_TINY,
-    trainer=wl.supervised(lambda cfg, dtype: DeepLabV3Plus(cfg, dtype), make_batch, loss,
-                          optimizer),
-    flops_per_example=flops_per_example,
-    family='image',
+  name='deeplabv3',
+  description='DeepLabv3+ with aligned Xception-65, output stride 16, 513x513 VOC crops',
+  unit='images',
+  throughput_unit='images/s',
+  config=DEEPLABV3_CONFIG,
+  tiny=DEEPLABV3_TINY,
+  trainer=wl.supervised(lambda cfg, dtype: DeepLabV3Plus(cfg, dtype), make_batch, loss, optimizer),
+  flops_per_example=flops_per_example,
+  family='image',
 )

@@ -26,8 +26,9 @@ def cell_anchors(stride, size, ratios):
     w = np.round(np.sqrt(area / ratio))
     h = np.round(w * ratio)
     w, h = w * size / stride, h * size / stride
-    anchors.append([ctr - 0.5 * (w - 1), ctr - 0.5 * (h - 1), ctr + 0.5 * (w - 1),
-                    ctr + 0.5 * (h - 1)])
+    anchors.append(
+      [ctr - 0.5 * (w - 1), ctr - 0.5 * (h - 1), ctr + 0.5 * (w - 1), ctr + 0.5 * (h - 1)]
+    )
   return np.asarray(anchors, np.float32)
 
 
@@ -36,14 +37,14 @@ def grid_anchors(stride, size, ratios, height, width):
   base_Ax4 = jnp.asarray(cell_anchors(stride, size, ratios))
   ys = jnp.arange(height, dtype=jnp.float32) * stride
   xs = jnp.arange(width, dtype=jnp.float32) * stride
-  shift_HxWx4 = jnp.stack(jnp.broadcast_arrays(xs[None, :], ys[:, None], xs[None, :],
-                                               ys[:, None]), axis=-1)
+  shift_HxWx4 = jnp.stack(
+    jnp.broadcast_arrays(xs[None, :], ys[:, None], xs[None, :], ys[:, None]), axis=-1
+  )
   return (shift_HxWx4[:, :, None, :] + base_Ax4[None, None]).reshape(-1, 4)
 
 
 def box_area(boxes):
-  return ((boxes[..., 2] - boxes[..., 0] + TO_REMOVE)
-          * (boxes[..., 3] - boxes[..., 1] + TO_REMOVE))
+  return (boxes[..., 2] - boxes[..., 0] + TO_REMOVE) * (boxes[..., 3] - boxes[..., 1] + TO_REMOVE)
 
 
 def pairwise_iou(a_Nx4, b_Mx4):
@@ -66,8 +67,10 @@ def encode(gt_boxes, ref_boxes, weights):
   wx, wy, ww, wh = weights
   gx, gy, gw, gh = _centre_size(gt_boxes)
   rx, ry, rw, rh = _centre_size(ref_boxes)
-  return jnp.stack([wx * (gx - rx) / rw, wy * (gy - ry) / rh, ww * jnp.log(gw / rw),
-                    wh * jnp.log(gh / rh)], axis=-1)
+  return jnp.stack(
+    [wx * (gx - rx) / rw, wy * (gy - ry) / rh, ww * jnp.log(gw / rw), wh * jnp.log(gh / rh)],
+    axis=-1,
+  )
 
 
 def decode(deltas, ref_boxes, weights):
@@ -83,10 +86,15 @@ def decode(deltas, ref_boxes, weights):
 
 
 def clip_boxes(boxes, height, width):
-  return jnp.stack([jnp.clip(boxes[..., 0], 0, width - TO_REMOVE),
-                    jnp.clip(boxes[..., 1], 0, height - TO_REMOVE),
-                    jnp.clip(boxes[..., 2], 0, width - TO_REMOVE),
-                    jnp.clip(boxes[..., 3], 0, height - TO_REMOVE)], axis=-1)
+  return jnp.stack(
+    [
+      jnp.clip(boxes[..., 0], 0, width - TO_REMOVE),
+      jnp.clip(boxes[..., 1], 0, height - TO_REMOVE),
+      jnp.clip(boxes[..., 2], 0, width - TO_REMOVE),
+      jnp.clip(boxes[..., 3], 0, height - TO_REMOVE),
+    ],
+    axis=-1,
+  )
 
 
 def nms(boxes_Nx4, valid_N, threshold):
@@ -148,8 +156,9 @@ def sample(priority_N, positive_N, negative_N, size, positive_fraction):
   num_neg = jnp.minimum(negative_N.sum(), size - num_pos)
   slot = jnp.arange(size)
   is_pos = slot < num_pos
-  index = jnp.where(is_pos, pos_idx[jnp.minimum(slot, max_pos - 1)],
-                    neg_idx[jnp.clip(slot - num_pos, 0, size - 1)])
+  index = jnp.where(
+    is_pos, pos_idx[jnp.minimum(slot, max_pos - 1)], neg_idx[jnp.clip(slot - num_pos, 0, size - 1)]
+  )
   return index, is_pos, is_pos | (slot - num_pos < num_neg)
 
 
@@ -158,7 +167,8 @@ def roi_levels(boxes_Rx4, num_levels, canonical_scale=224, canonical_level=4, fi
   scale = jnp.sqrt(box_area(boxes_Rx4))
   level = jnp.floor(canonical_level + jnp.log2(scale / canonical_scale + 1e-6))
   return (jnp.clip(level, first_level, first_level + num_levels - 1) - first_level).astype(
-      jnp.int32)
+    jnp.int32
+  )
 
 
 def _interp(coord, size):
@@ -215,8 +225,7 @@ def _interp_matrix(coord_P, size):
   low = jnp.floor(coord_P)
   frac = coord_P - low
   cols = jnp.arange(size, dtype=jnp.float32)[None, :]
-  return ((cols == low[:, None]) * (1 - frac)[:, None]
-          + (cols == low[:, None] + 1) * frac[:, None])
+  return (cols == low[:, None]) * (1 - frac)[:, None] + (cols == low[:, None] + 1) * frac[:, None]
 
 
 def project_masks(gt_mask_MxM, gt_box, roi_box, size):

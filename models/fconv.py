@@ -69,8 +69,12 @@ class WeightNormConv1d(nn.Module):
     w = v * (g / jnp.linalg.norm(v, axis=(0, 1)))
     padding = (k - 1, 0) if self.causal else (k // 2, k // 2)
     y = jax.lax.conv_general_dilated(
-        x_BxLxC.astype(self.dtype), w.astype(self.dtype), window_strides=(1,),
-        padding=(padding,), dimension_numbers=('NWC', 'WIO', 'NWC'))
+      x_BxLxC.astype(self.dtype),
+      w.astype(self.dtype),
+      window_strides=(1,),
+      padding=(padding,),
+      dimension_numbers=('NWC', 'WIO', 'NWC'),
+    )
     return y + b.astype(self.dtype)
 
 
@@ -119,12 +123,19 @@ class ConvStack(nn.Module):
         residual = WeightNormDense(out, dtype=self.dtype, name=f'projection_{i}')(x)
       if valid_BxL is not None:  # the encoder zeroes padded steps before every convolution
         x = jnp.where(valid_BxL[..., None], x, 0)
-      x = WeightNormConv1d(2 * out, kernel, causal=self.causal, dropout=self.dropout,
-                           dtype=self.dtype, name=f'conv_{i}')(drop(x))
+      x = WeightNormConv1d(
+        2 * out,
+        kernel,
+        causal=self.causal,
+        dropout=self.dropout,
+        dtype=self.dtype,
+        name=f'conv_{i}',
+      )(drop(x))
       x = nn.glu(x, axis=-1)
       if self.attention_dim:
         x = Attention(self.attention_dim, dtype=self.dtype, name=f'attention_{i}')(
-            x, target_embedding, *encoder_out)
+          x, target_embedding, *encoder_out
+        )
       x = (x + residual) * SQRT_HALF
       channels = out
     return x
@@ -143,8 +154,10 @@ class Attention(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxC, target_embedding_BxTxE, keys_BxSxE, values_BxSxE, src_valid_BxS):
-    q = (WeightNormDense(self.embed_dim, dtype=self.dtype, name='in_projection')(x_BxTxC)
-         + target_embedding_BxTxE) * SQRT_HALF
+    q = (
+      WeightNormDense(self.embed_dim, dtype=self.dtype, name='in_projection')(x_BxTxC)
+      + target_embedding_BxTxE
+    ) * SQRT_HALF
     scores_BxTxS = jnp.einsum('bte,bse->bts', q, keys_BxSxE).astype(jnp.float32)
     scores_BxTxS = jnp.where(src_valid_BxS[:, None, :], scores_BxTxS, -jnp.inf)
     probs = jax.nn.softmax(scores_BxTxS, axis=-1).astype(self.dtype)
@@ -172,10 +185,12 @@ class Embeddings(nn.Module):
     init = nn.initializers.normal(0.1)
     valid = tokens_BxL != PAD
     positions = jnp.where(valid, jnp.arange(tokens_BxL.shape[1]) + PAD + 1, PAD)
-    tokens = nn.Embed(self.vocab, self.dim, embedding_init=init, dtype=self.dtype,
-                      name='tokens')(tokens_BxL)
-    return tokens + nn.Embed(self.max_positions, self.dim, embedding_init=init,
-                             dtype=self.dtype, name='positions')(positions)
+    tokens = nn.Embed(self.vocab, self.dim, embedding_init=init, dtype=self.dtype, name='tokens')(
+      tokens_BxL
+    )
+    return tokens + nn.Embed(
+      self.max_positions, self.dim, embedding_init=init, dtype=self.dtype, name='positions'
+    )(positions)
 
 
 class FConv(nn.Module):
@@ -191,13 +206,17 @@ class FConv(nn.Module):
     layers = tuple(tuple(layer) for layer in cfg['layers'])
     drop = nn.Dropout(p, deterministic=not train)
     dense = lambda features, name, dropout=0.0: WeightNormDense(
-        features, dropout=dropout, dtype=self.dtype, name=name)
+      features, dropout=dropout, dtype=self.dtype, name=name
+    )
 
     src_BxS, tgt_in_BxT = batch['source'], batch['target_in']
     src_valid = src_BxS != PAD
     # Encoder.
-    src_embedding = drop(Embeddings(cfg['src_vocab'], e, cfg['max_positions'], self.dtype,
-                                    name='encoder_embed')(src_BxS))
+    src_embedding = drop(
+      Embeddings(cfg['src_vocab'], e, cfg['max_positions'], self.dtype, name='encoder_embed')(
+        src_BxS
+      )
+    )
     x = dense(layers[0][0], 'encoder_fc1', p)(src_embedding)
     x = ConvStack(layers, p, causal=False, dtype=self.dtype, name='encoder')(x, train, src_valid)
     x = dense(e, 'encoder_fc2')(x)
@@ -207,12 +226,15 @@ class FConv(nn.Module):
     keys_BxSxE = grad_multiply(x, 1.0 / (2.0 * len(layers)))
     values_BxSxE = (keys_BxSxE + src_embedding) * SQRT_HALF
     # Decoder.
-    tgt_embedding = drop(Embeddings(cfg['tgt_vocab'], e, cfg['max_positions'], self.dtype,
-                                    name='decoder_embed')(tgt_in_BxT))
+    tgt_embedding = drop(
+      Embeddings(cfg['tgt_vocab'], e, cfg['max_positions'], self.dtype, name='decoder_embed')(
+        tgt_in_BxT
+      )
+    )
     y = dense(layers[0][0], 'decoder_fc1', p)(tgt_embedding)
     y = ConvStack(layers, p, causal=True, attention_dim=e, dtype=self.dtype, name='decoder')(
-        y, train, target_embedding=tgt_embedding,
-        encoder_out=(keys_BxSxE, values_BxSxE, src_valid))
+      y, train, target_embedding=tgt_embedding, encoder_out=(keys_BxSxE, values_BxSxE, src_valid)
+    )
     y = drop(dense(cfg['decoder_out_embed_dim'], 'decoder_fc2')(y))
     return dense(cfg['tgt_vocab'], 'decoder_fc3', p)(y)  # logits_BxTxV
 
@@ -223,14 +245,17 @@ def make_batch(cfg, rng, n):
   source = jax.random.randint(src_rng, (n, cfg['src_len']), PAD + 1, cfg['src_vocab'], jnp.int32)
   target = jax.random.randint(tgt_rng, (n, cfg['tgt_len']), PAD + 1, cfg['tgt_vocab'], jnp.int32)
   eos = jnp.full((n, 1), EOS, jnp.int32)  # decoder input starts with EOS, as fairseq's
-  return {'source': source, 'target_in': jnp.concatenate([eos, target[:, :-1]], axis=1),
-          'target': target}
+  return {
+    'source': source,
+    'target_in': jnp.concatenate([eos, target[:, :-1]], axis=1),
+    'target': target,
+  }
 
 
 def loss(cfg, logits, batch):
   value, nll = transformer.label_smoothed_nll(
-      logits, batch['target'], cfg['label_smoothing'],
-      (batch['target'] != PAD).astype(jnp.float32))
+    logits, batch['target'], cfg['label_smoothing'], (batch['target'] != PAD).astype(jnp.float32)
+  )
   return value, {'nll': nll}
 
 
@@ -241,8 +266,9 @@ def optimizer(cfg):
   optax's Nesterov SGD at a constant learning rate.
   """
   return optax.chain(
-      optax.clip_by_global_norm(cfg['clip_norm']),
-      optax.sgd(cfg['lr'], momentum=cfg['momentum'], nesterov=True))
+    optax.clip_by_global_norm(cfg['clip_norm']),
+    optax.sgd(cfg['lr'], momentum=cfg['momentum'], nesterov=True),
+  )
 
 
 def flops_per_example(cfg):
@@ -251,8 +277,11 @@ def flops_per_example(cfg):
   layers = tuple(tuple(layer) for layer in cfg['layers'])
   first, last = layers[0][0], layers[-1][0]
   enc_token = 2 * e * first + 2 * last * e  # fc1, fc2
-  dec_token = (2 * e * first + 2 * last * cfg['decoder_out_embed_dim']
-               + 2 * cfg['decoder_out_embed_dim'] * cfg['tgt_vocab'])  # fc1, fc2, fc3
+  dec_token = (
+    2 * e * first
+    + 2 * last * cfg['decoder_out_embed_dim']
+    + 2 * cfg['decoder_out_embed_dim'] * cfg['tgt_vocab']
+  )  # fc1, fc2, fc3
   channels = first
   for out, kernel in layers:
     block = 2 * kernel * channels * 2 * out + (2 * channels * out if channels != out else 0)
@@ -264,26 +293,42 @@ def flops_per_example(cfg):
 
 
 FCONV_WMT_EN_DE = wl.Workload(
-    name='conv_seq2seq',
-    description='ConvS2S (fairseq fconv_wmt_en_de), WMT14 en-de, FP32',
-    unit='tokens',
-    throughput_unit='target tokens/s',
-    config=dict(
-        # The dictionaries of fairseq's pretrained wmt14.en-de.fconv-py model: 40k joint BPE
-        # merges, binarised into separate English and German dictionaries.
-        src_vocab=42243, tgt_vocab=43676,
-        embed_dim=768, decoder_out_embed_dim=512, layers=WMT_EN_DE_LAYERS,
-        max_positions=1024,  # fairseq's max_source_positions / max_target_positions
-        dropout=0.2, label_smoothing=0.1, lr=0.5, momentum=0.99, clip_norm=0.1,
-        # Fixed sentence lengths, as transformer_big (see README "transformer_big").
-        src_len=30, tgt_len=30,
-    ),
-    tiny=dict(src_vocab=64, tgt_vocab=96, embed_dim=32, decoder_out_embed_dim=16,
-              layers=((16, 3), (16, 3), (32, 3), (64, 1)), max_positions=16,
-              src_len=8, tgt_len=8, dropout=0.1),
-    trainer=wl.supervised(lambda cfg, dtype: FConv(cfg, dtype), make_batch, loss, optimizer),
-    flops_per_example=flops_per_example,
-    # max_tokens counts padded tokens of the longer side: sentences x max(S, T).
-    example_size=lambda cfg: max(cfg['src_len'], cfg['tgt_len']),
-    units_per_example=lambda cfg: cfg['tgt_len'],
+  name='conv_seq2seq',
+  description='ConvS2S (fairseq fconv_wmt_en_de), WMT14 en-de, FP32',
+  unit='tokens',
+  throughput_unit='target tokens/s',
+  config=dict(
+    # The dictionaries of fairseq's pretrained wmt14.en-de.fconv-py model: 40k joint BPE
+    # merges, binarised into separate English and German dictionaries.
+    src_vocab=42243,
+    tgt_vocab=43676,
+    embed_dim=768,
+    decoder_out_embed_dim=512,
+    layers=WMT_EN_DE_LAYERS,
+    max_positions=1024,  # fairseq's max_source_positions / max_target_positions
+    dropout=0.2,
+    label_smoothing=0.1,
+    lr=0.5,
+    momentum=0.99,
+    clip_norm=0.1,
+    # Fixed sentence lengths, as transformer_big (see README "transformer_big").
+    src_len=30,
+    tgt_len=30,
+  ),
+  tiny=dict(
+    src_vocab=64,
+    tgt_vocab=96,
+    embed_dim=32,
+    decoder_out_embed_dim=16,
+    layers=((16, 3), (16, 3), (32, 3), (64, 1)),
+    max_positions=16,
+    src_len=8,
+    tgt_len=8,
+    dropout=0.1,
+  ),
+  trainer=wl.supervised(lambda cfg, dtype: FConv(cfg, dtype), make_batch, loss, optimizer),
+  flops_per_example=flops_per_example,
+  # max_tokens counts padded tokens of the longer side: sentences x max(S, T).
+  example_size=lambda cfg: max(cfg['src_len'], cfg['tgt_len']),
+  units_per_example=lambda cfg: cfg['tgt_len'],
 )

@@ -17,8 +17,7 @@ import optax
 
 from jaxbench import workload as wl
 from models import detection_ops as ops
-from models import mask_rcnn_data
-from models import resnet_fpn
+from models import mask_rcnn_data, resnet_fpn
 
 RPN_WEIGHTS = (1.0, 1.0, 1.0, 1.0)
 ROI_WEIGHTS = (10.0, 10.0, 5.0, 5.0)  # MODEL.ROI_HEADS.BBOX_REG_WEIGHTS
@@ -28,7 +27,7 @@ mask_init = resnet_fpn.rbg(nn.initializers.variance_scaling(2.0, 'fan_out', 'nor
 
 
 def strides(cfg):
-  return tuple(2**(i + 2) for i in range(len(cfg['anchor_sizes'])))  # P2..P6: 4..64
+  return tuple(2 ** (i + 2) for i in range(len(cfg['anchor_sizes'])))  # P2..P6: 4..64
 
 
 class RPNHead(nn.Module):
@@ -41,10 +40,12 @@ class RPNHead(nn.Module):
   def __call__(self, features):
     c = features[0].shape[-1]
     conv = nn.Conv(c, (3, 3), padding=1, kernel_init=normal(0.01), dtype=self.dtype, name='conv')
-    cls = nn.Conv(self.anchors, (1, 1), kernel_init=normal(0.01), dtype=self.dtype,
-                  name='cls_logits')
-    box = nn.Conv(4 * self.anchors, (1, 1), kernel_init=normal(0.01), dtype=self.dtype,
-                  name='bbox_pred')
+    cls = nn.Conv(
+      self.anchors, (1, 1), kernel_init=normal(0.01), dtype=self.dtype, name='cls_logits'
+    )
+    box = nn.Conv(
+      4 * self.anchors, (1, 1), kernel_init=normal(0.01), dtype=self.dtype, name='bbox_pred'
+    )
     outputs = []
     for f in features:
       t = nn.relu(conv(f))
@@ -83,26 +84,59 @@ class MaskHead(nn.Module):
   def __call__(self, x_NxPxPxC):
     x = x_NxPxPxC
     for i in range(self.convs):
-      x = nn.relu(nn.Conv(self.channels, (3, 3), padding=1, kernel_init=mask_init,
-                          dtype=self.dtype, name=f'mask_fcn{i + 1}')(x))
-    x = nn.relu(nn.ConvTranspose(self.channels, (2, 2), (2, 2), padding='VALID',
-                                 kernel_init=mask_init, dtype=self.dtype, name='conv5_mask')(x))
-    return nn.Conv(self.num_classes, (1, 1), kernel_init=mask_init, dtype=self.dtype,
-                   name='mask_fcn_logits')(x)
+      x = nn.relu(
+        nn.Conv(
+          self.channels,
+          (3, 3),
+          padding=1,
+          kernel_init=mask_init,
+          dtype=self.dtype,
+          name=f'mask_fcn{i + 1}',
+        )(x)
+      )
+    x = nn.relu(
+      nn.ConvTranspose(
+        self.channels,
+        (2, 2),
+        (2, 2),
+        padding='VALID',
+        kernel_init=mask_init,
+        dtype=self.dtype,
+        name='conv5_mask',
+      )(x)
+    )
+    return nn.Conv(
+      self.num_classes, (1, 1), kernel_init=mask_init, dtype=self.dtype, name='mask_fcn_logits'
+    )(x)
 
 
 def rpn_targets(cfg, anchors_Nx4, priority_N, gt_boxes, gt_valid):
   """Sampled anchors of one image: (indices, positive, valid, box targets)."""
   h, w = cfg['content_size']
   # straddle_thresh 0: anchors leaving the (unpadded) image are ignored.
-  visible = ((anchors_Nx4[:, 0] >= 0) & (anchors_Nx4[:, 1] >= 0)
-             & (anchors_Nx4[:, 2] < w) & (anchors_Nx4[:, 3] < h))
-  index, label = ops.match(ops.pairwise_iou(anchors_Nx4, gt_boxes), gt_valid,
-                           cfg['rpn_fg_iou'], cfg['rpn_bg_iou'], low_quality=True)
-  idx, positive, valid = ops.sample(priority_N, visible & (label == 1), visible & (label == 0),
-                                    cfg['rpn_batch'], cfg['rpn_positive_fraction'])
-  targets = jnp.where(positive[:, None],
-                      ops.encode(gt_boxes[index[idx]], anchors_Nx4[idx], RPN_WEIGHTS), 0.0)
+  visible = (
+    (anchors_Nx4[:, 0] >= 0)
+    & (anchors_Nx4[:, 1] >= 0)
+    & (anchors_Nx4[:, 2] < w)
+    & (anchors_Nx4[:, 3] < h)
+  )
+  index, label = ops.match(
+    ops.pairwise_iou(anchors_Nx4, gt_boxes),
+    gt_valid,
+    cfg['rpn_fg_iou'],
+    cfg['rpn_bg_iou'],
+    low_quality=True,
+  )
+  idx, positive, valid = ops.sample(
+    priority_N,
+    visible & (label == 1),
+    visible & (label == 0),
+    cfg['rpn_batch'],
+    cfg['rpn_positive_fraction'],
+  )
+  targets = jnp.where(
+    positive[:, None], ops.encode(gt_boxes[index[idx]], anchors_Nx4[idx], RPN_WEIGHTS), 0.0
+  )
   return idx, positive, valid, targets
 
 
@@ -114,27 +148,39 @@ def propose(cfg, level_outputs, anchors):
   for (logits_N, deltas_Nx4), anchors_Nx4 in zip(level_outputs, anchors):
     k_l = min(k, logits_N.shape[0])
     top, idx = jax.lax.top_k(logits_N.astype(jnp.float32), k_l)
-    b = ops.clip_boxes(ops.decode(deltas_Nx4[idx].astype(jnp.float32), anchors_Nx4[idx],
-                                  RPN_WEIGHTS), h, w)
+    b = ops.clip_boxes(
+      ops.decode(deltas_Nx4[idx].astype(jnp.float32), anchors_Nx4[idx], RPN_WEIGHTS), h, w
+    )
     pad = k - k_l  # levels with fewer anchors than k (P6) are padded to stack
     boxes.append(jnp.pad(b, ((0, pad), (0, 0))))
     scores.append(jnp.pad(top, (0, pad), constant_values=-jnp.inf))
     valid.append(jnp.arange(k) < k_l)
   boxes, scores, valid = jnp.stack(boxes), jnp.stack(scores), jnp.stack(valid)
   keep_LxK = jax.vmap(ops.nms, in_axes=(0, 0, None))(boxes, valid, cfg['rpn_nms_threshold'])
-  top, idx = jax.lax.top_k(jnp.where(keep_LxK, scores, -jnp.inf).reshape(-1),
-                           cfg['post_nms_top_n'])
+  top, idx = jax.lax.top_k(jnp.where(keep_LxK, scores, -jnp.inf).reshape(-1), cfg['post_nms_top_n'])
   return boxes.reshape(-1, 4)[idx], top > -jnp.inf
 
 
-def roi_targets(cfg, priority_R, proposals, proposals_valid, gt_boxes, gt_classes, gt_masks, gt_valid):
+def roi_targets(
+  cfg, priority_R, proposals, proposals_valid, gt_boxes, gt_classes, gt_masks, gt_valid
+):
   """Sampled RoIs of one image, ground truth added to the proposals, with their targets."""
   rois = jnp.concatenate([proposals, gt_boxes])
   valid = jnp.concatenate([proposals_valid, gt_valid])
-  index, label = ops.match(ops.pairwise_iou(rois, gt_boxes), gt_valid, cfg['roi_fg_iou'],
-                           cfg['roi_fg_iou'], low_quality=False)
-  idx, positive, ok = ops.sample(priority_R, valid & (label == 1), valid & (label == 0),
-                                 cfg['roi_batch'], cfg['roi_positive_fraction'])
+  index, label = ops.match(
+    ops.pairwise_iou(rois, gt_boxes),
+    gt_valid,
+    cfg['roi_fg_iou'],
+    cfg['roi_fg_iou'],
+    low_quality=False,
+  )
+  idx, positive, ok = ops.sample(
+    priority_R,
+    valid & (label == 1),
+    valid & (label == 0),
+    cfg['roi_batch'],
+    cfg['roi_positive_fraction'],
+  )
   rois, gt = rois[idx], index[idx]
   classes = jnp.where(positive, gt_classes[gt], 0)
   # Only positives regress; zeroing the rest keeps 0 * inf out of the masked loss.
@@ -142,9 +188,17 @@ def roi_targets(cfg, priority_R, proposals, proposals_valid, gt_boxes, gt_classe
   # Positives fill the first slots, so the mask RoIs are a fixed prefix of the sample.
   m = int(cfg['roi_batch'] * cfg['roi_positive_fraction'])
   mask_targets = jax.vmap(ops.project_masks, in_axes=(0, 0, 0, None))(
-      gt_masks[gt[:m]], gt_boxes[gt[:m]], rois[:m], 2 * cfg['mask_pool'])
-  return {'rois': rois, 'roi_gt': gt, 'classes': classes, 'roi_valid': ok,
-          'roi_positive': positive, 'box_targets': box_targets, 'mask_targets': mask_targets}
+    gt_masks[gt[:m]], gt_boxes[gt[:m]], rois[:m], 2 * cfg['mask_pool']
+  )
+  return {
+    'rois': rois,
+    'roi_gt': gt,
+    'classes': classes,
+    'roi_valid': ok,
+    'roi_positive': positive,
+    'box_targets': box_targets,
+    'mask_targets': mask_targets,
+  }
 
 
 class MaskRCNN(nn.Module):
@@ -157,22 +211,27 @@ class MaskRCNN(nn.Module):
   def __call__(self, batch, train):
     del train  # frozen batch norm and no dropout: training and evaluation compute alike
     cfg = self.cfg
-    features = resnet_fpn.ResNetFPN(tuple(cfg['blocks']), cfg['width'], cfg['fpn_channels'],
-                                     self.dtype, name='backbone')(batch['images'].astype(self.dtype))
+    features = resnet_fpn.ResNetFPN(
+      tuple(cfg['blocks']), cfg['width'], cfg['fpn_channels'], self.dtype, name='backbone'
+    )(batch['images'].astype(self.dtype))
     ratios = tuple(cfg['anchor_ratios'])
     levels = RPNHead(len(ratios), self.dtype, name='rpn')(features)
-    anchors = [ops.grid_anchors(s, size, ratios, f.shape[1], f.shape[2])
-               for s, size, f in zip(strides(cfg), cfg['anchor_sizes'], features)]
+    anchors = [
+      ops.grid_anchors(s, size, ratios, f.shape[1], f.shape[2])
+      for s, size, f in zip(strides(cfg), cfg['anchor_sizes'], features)
+    ]
     b, num_anchors = features[0].shape[0], sum(a.shape[0] for a in anchors)
     gt_boxes, gt_valid = batch['gt_boxes'], batch['gt_valid']
     # The samplers' randomness: one draw (each jax.random call compiles its own hash).
-    priority = jax.random.uniform(resnet_fpn.as_rbg(self.make_rng('dropout')), (
-        b, num_anchors + cfg['post_nms_top_n'] + gt_valid.shape[1]))
+    priority = jax.random.uniform(
+      resnet_fpn.as_rbg(self.make_rng('dropout')),
+      (b, num_anchors + cfg['post_nms_top_n'] + gt_valid.shape[1]),
+    )
 
     rpn_idx, rpn_pos, rpn_valid, rpn_box_targets = jax.vmap(
-        functools.partial(rpn_targets, cfg, jnp.concatenate(anchors)))(
-            priority[:, :num_anchors], gt_boxes, gt_valid)
-    logits_BxN = jnp.concatenate([l for l, _ in levels], axis=1)
+      functools.partial(rpn_targets, cfg, jnp.concatenate(anchors))
+    )(priority[:, :num_anchors], gt_boxes, gt_valid)
+    logits_BxN = jnp.concatenate([logits for logits, _ in levels], axis=1)
     deltas_BxNx4 = jnp.concatenate([d for _, d in levels], axis=1)
 
     # Proposals carry no gradient, as in the reference (they are detached).
@@ -184,35 +243,52 @@ class MaskRCNN(nn.Module):
     else:
       proposals, proposals_valid = jax.vmap(lambda o: propose(cfg, o, anchors))(per_image)
     t = jax.vmap(functools.partial(roi_targets, cfg))(
-        priority[:, num_anchors:], proposals, proposals_valid, gt_boxes, batch['gt_classes'],
-        batch['gt_masks'], gt_valid)
+      priority[:, num_anchors:],
+      proposals,
+      proposals_valid,
+      gt_boxes,
+      batch['gt_classes'],
+      batch['gt_masks'],
+      gt_valid,
+    )
 
     pooled_levels = features[:-1]  # RoIs pool from P2-P5; P6 serves the RPN only
-    pool = functools.partial(ops.multilevel_roi_align, strides=strides(cfg)[:-1],
-                             sampling_ratio=cfg['sampling_ratio'])
-    level = functools.partial(ops.roi_levels, num_levels=len(pooled_levels),
-                              canonical_scale=cfg['canonical_scale'])
+    pool = functools.partial(
+      ops.multilevel_roi_align, strides=strides(cfg)[:-1], sampling_ratio=cfg['sampling_ratio']
+    )
+    level = functools.partial(
+      ops.roi_levels, num_levels=len(pooled_levels), canonical_scale=cfg['canonical_scale']
+    )
     rois = t['rois']
     box_features = jax.vmap(lambda f, r: pool(f, r, level(r), output_size=cfg['box_pool']))(
-        pooled_levels, rois)
-    cls_logits, box_deltas = BoxHead(cfg['mlp_dim'], cfg['num_classes'], self.dtype,
-                                     name='box_head')(box_features)
+      pooled_levels, rois
+    )
+    cls_logits, box_deltas = BoxHead(
+      cfg['mlp_dim'], cfg['num_classes'], self.dtype, name='box_head'
+    )(box_features)
     box_deltas = jnp.take_along_axis(box_deltas, t['classes'][..., None, None], axis=2)[:, :, 0]
 
     m = t['mask_targets'].shape[1]
     mask_features = jax.vmap(lambda f, r: pool(f, r, level(r), output_size=cfg['mask_pool']))(
-        pooled_levels, rois[:, :m])
-    mask_logits = MaskHead(cfg['mask_channels'], cfg['mask_convs'], cfg['num_classes'],
-                           self.dtype, name='mask_head')(mask_features.reshape(b * m, *mask_features.shape[2:]))
+      pooled_levels, rois[:, :m]
+    )
+    mask_logits = MaskHead(
+      cfg['mask_channels'], cfg['mask_convs'], cfg['num_classes'], self.dtype, name='mask_head'
+    )(mask_features.reshape(b * m, *mask_features.shape[2:]))
     mask_logits = mask_logits.reshape(b, m, *mask_logits.shape[1:])
-    mask_logits = jnp.take_along_axis(mask_logits, t['classes'][:, :m, None, None, None],
-                                      axis=-1)[..., 0]
+    mask_logits = jnp.take_along_axis(mask_logits, t['classes'][:, :m, None, None, None], axis=-1)[
+      ..., 0
+    ]
     return {
-        'rpn_logits': jnp.take_along_axis(logits_BxN, rpn_idx, axis=1),
-        'rpn_deltas': jnp.take_along_axis(deltas_BxNx4, rpn_idx[..., None], axis=1),
-        'rpn_positive': rpn_pos, 'rpn_valid': rpn_valid, 'rpn_box_targets': rpn_box_targets,
-        'cls_logits': cls_logits, 'box_deltas': box_deltas, 'mask_logits': mask_logits,
-        **t,
+      'rpn_logits': jnp.take_along_axis(logits_BxN, rpn_idx, axis=1),
+      'rpn_deltas': jnp.take_along_axis(deltas_BxNx4, rpn_idx[..., None], axis=1),
+      'rpn_positive': rpn_pos,
+      'rpn_valid': rpn_valid,
+      'rpn_box_targets': rpn_box_targets,
+      'cls_logits': cls_logits,
+      'box_deltas': box_deltas,
+      'mask_logits': mask_logits,
+      **t,
     }
 
 
@@ -227,29 +303,40 @@ def loss(cfg, out, batch):
   f32 = lambda x: x.astype(jnp.float32)
   rpn_w, rpn_pos = f32(out['rpn_valid']), f32(out['rpn_positive'])
   n_rpn = jnp.maximum(rpn_w.sum(), 1.0)
-  rpn_obj = (optax.sigmoid_binary_cross_entropy(f32(out['rpn_logits']), rpn_pos)
-             * rpn_w).sum() / n_rpn
-  rpn_box = (smooth_l1(f32(out['rpn_deltas']) - out['rpn_box_targets'], 1.0 / 9).sum(-1)
-             * rpn_pos).sum() / n_rpn
+  rpn_obj = (
+    optax.sigmoid_binary_cross_entropy(f32(out['rpn_logits']), rpn_pos) * rpn_w
+  ).sum() / n_rpn
+  rpn_box = (
+    smooth_l1(f32(out['rpn_deltas']) - out['rpn_box_targets'], 1.0 / 9).sum(-1) * rpn_pos
+  ).sum() / n_rpn
   roi_w, roi_pos = f32(out['roi_valid']), f32(out['roi_positive'])
   n_roi = jnp.maximum(roi_w.sum(), 1.0)
-  cls = (optax.softmax_cross_entropy_with_integer_labels(f32(out['cls_logits']), out['classes'])
-         * roi_w).sum() / n_roi
-  box = (smooth_l1(f32(out['box_deltas']) - out['box_targets'], 1.0).sum(-1)
-         * roi_pos).sum() / n_roi
-  mask_w = roi_pos[:, :out['mask_logits'].shape[1], None, None]
+  cls = (
+    optax.softmax_cross_entropy_with_integer_labels(f32(out['cls_logits']), out['classes']) * roi_w
+  ).sum() / n_roi
+  box = (
+    smooth_l1(f32(out['box_deltas']) - out['box_targets'], 1.0).sum(-1) * roi_pos
+  ).sum() / n_roi
+  mask_w = roi_pos[:, : out['mask_logits'].shape[1], None, None]
   pixels = jnp.maximum(mask_w.sum() * out['mask_targets'][0, 0].size, 1.0)
-  mask = (optax.sigmoid_binary_cross_entropy(f32(out['mask_logits']), out['mask_targets'])
-          * mask_w).sum() / pixels
+  mask = (
+    optax.sigmoid_binary_cross_entropy(f32(out['mask_logits']), out['mask_targets']) * mask_w
+  ).sum() / pixels
   total = rpn_obj + rpn_box + cls + box + mask
-  return total, {'loss_objectness': rpn_obj, 'loss_rpn_box_reg': rpn_box, 'loss_classifier': cls,
-                 'loss_box_reg': box, 'loss_mask': mask}
+  return total, {
+    'loss_objectness': rpn_obj,
+    'loss_rpn_box_reg': rpn_box,
+    'loss_classifier': cls,
+    'loss_box_reg': box,
+    'loss_mask': mask,
+  }
 
 
 def _param_label(path, _):
   names = [getattr(p, 'key', str(p)) for p in path]
-  if names[0] == 'backbone' and (names[1] in resnet_fpn.FROZEN_STAGES
-                                 or names[1].split('_')[0] in resnet_fpn.FROZEN_STAGES):
+  if names[0] == 'backbone' and (
+    names[1] in resnet_fpn.FROZEN_STAGES or names[1].split('_')[0] in resnet_fpn.FROZEN_STAGES
+  ):
     return 'frozen'
   return 'bias' if names[-1] == 'bias' else 'weight'
 
@@ -264,12 +351,16 @@ def optimizer(cfg):
     return cfg['lr'] * warm * 0.1**decays
 
   momentum = cfg['momentum']
-  return optax.multi_transform({
-      'weight': optax.chain(optax.add_decayed_weights(cfg['weight_decay']),
-                            optax.sgd(schedule, momentum)),
+  return optax.multi_transform(
+    {
+      'weight': optax.chain(
+        optax.add_decayed_weights(cfg['weight_decay']), optax.sgd(schedule, momentum)
+      ),
       'bias': optax.sgd(lambda s: cfg['bias_lr_factor'] * schedule(s), momentum),
       'frozen': optax.set_to_zero(),
-  }, lambda params: jax.tree_util.tree_map_with_path(_param_label, params))
+    },
+    lambda params: jax.tree_util.tree_map_with_path(_param_label, params),
+  )
 
 
 def flops_per_example(cfg):
@@ -296,53 +387,98 @@ def flops_per_example(cfg):
     channels.append(cin)
   c = cfg['fpn_channels']
   sizes.append((half(sizes[-1][0]), half(sizes[-1][1])))  # P6
-  for (hl, wl), cl in zip(sizes, channels):
-    trained += conv(1, cl, c, hl, wl) + conv(3, c, c, hl, wl)
+  for (h_l, w_l), cl in zip(sizes, channels):
+    trained += conv(1, cl, c, h_l, w_l) + conv(3, c, c, h_l, w_l)
   a = len(cfg['anchor_ratios'])
   trained += sum(conv(3, c, c, hl, wl) + conv(1, c, 5 * a, hl, wl) for hl, wl in sizes)
   d, k = cfg['mlp_dim'], cfg['num_classes']
-  trained += cfg['roi_batch'] * 2.0 * (c * cfg['box_pool']**2 * d + d * d + d * 5 * k)
+  trained += cfg['roi_batch'] * 2.0 * (c * cfg['box_pool'] ** 2 * d + d * d + d * 5 * k)
   p, mc = cfg['mask_pool'], cfg['mask_channels']
-  per_mask = (conv(3, c, mc, p, p) + (cfg['mask_convs'] - 1) * conv(3, mc, mc, p, p)
-              + conv(2, mc, mc, p, p) + conv(1, mc, k, 2 * p, 2 * p))
+  per_mask = (
+    conv(3, c, mc, p, p)
+    + (cfg['mask_convs'] - 1) * conv(3, mc, mc, p, p)
+    + conv(2, mc, mc, p, p)
+    + conv(1, mc, k, 2 * p, 2 * p)
+  )
   trained += int(cfg['roi_batch'] * cfg['roi_positive_fraction']) * per_mask
   return frozen + 3.0 * trained
 
 
 MASK_RCNN_CONFIG = dict(
-    # Data: COCO's 800x1333 resize, padded to a size divisible by 32.
-    image_size=(800, 1344), content_size=(800, 1333), num_classes=81,
-    max_instances=100, max_real_instances=15, box_size_range=(16.0, 640.0), gt_mask_size=56,
-    # Body: ResNet-101 (blocks per stage), FPN.
-    blocks=(3, 4, 23, 3), width=64, fpn_channels=256,
-    # RPN on P2-P6: one anchor size per level, three aspect ratios.
-    anchor_sizes=(32, 64, 128, 256, 512), anchor_ratios=(0.5, 1.0, 2.0),
-    pre_nms_top_n=2000, post_nms_top_n=1000, rpn_nms_threshold=0.7,
-    rpn_batch=256, rpn_positive_fraction=0.5, rpn_fg_iou=0.7, rpn_bg_iou=0.3,
-    # RoI heads.
-    roi_batch=512, roi_positive_fraction=0.25, roi_fg_iou=0.5, canonical_scale=224,
-    box_pool=7, mask_pool=14, sampling_ratio=2, mlp_dim=1024, mask_channels=256, mask_convs=4,
-    # SOLVER of the 1x schedule (the 2020 runs set lr 0; we keep it real).
-    lr=0.02, momentum=0.9, weight_decay=1e-4, bias_lr_factor=2.0, warmup=500,
-    warmup_factor=1.0 / 3, lr_steps=(60000, 80000),
+  # Data: COCO's 800x1333 resize, padded to a size divisible by 32.
+  image_size=(800, 1344),
+  content_size=(800, 1333),
+  num_classes=81,
+  max_instances=100,
+  max_real_instances=15,
+  box_size_range=(16.0, 640.0),
+  gt_mask_size=56,
+  # Body: ResNet-101 (blocks per stage), FPN.
+  blocks=(3, 4, 23, 3),
+  width=64,
+  fpn_channels=256,
+  # RPN on P2-P6: one anchor size per level, three aspect ratios.
+  anchor_sizes=(32, 64, 128, 256, 512),
+  anchor_ratios=(0.5, 1.0, 2.0),
+  pre_nms_top_n=2000,
+  post_nms_top_n=1000,
+  rpn_nms_threshold=0.7,
+  rpn_batch=256,
+  rpn_positive_fraction=0.5,
+  rpn_fg_iou=0.7,
+  rpn_bg_iou=0.3,
+  # RoI heads.
+  roi_batch=512,
+  roi_positive_fraction=0.25,
+  roi_fg_iou=0.5,
+  canonical_scale=224,
+  box_pool=7,
+  mask_pool=14,
+  sampling_ratio=2,
+  mlp_dim=1024,
+  mask_channels=256,
+  mask_convs=4,
+  # SOLVER of the 1x schedule (the 2020 runs set lr 0; we keep it real).
+  lr=0.02,
+  momentum=0.9,
+  weight_decay=1e-4,
+  bias_lr_factor=2.0,
+  warmup=500,
+  warmup_factor=1.0 / 3,
+  lr_steps=(60000, 80000),
 )
 MASK_RCNN_TINY = dict(
-    image_size=(64, 64), content_size=(64, 60), max_instances=6, max_real_instances=3,
-    box_size_range=(10.0, 40.0), gt_mask_size=16, blocks=(1, 1, 1, 1), width=4,
-    fpn_channels=16, anchor_sizes=(8, 16, 32, 64, 128), pre_nms_top_n=64, post_nms_top_n=32,
-    rpn_batch=32, roi_batch=32, canonical_scale=32, mlp_dim=32, mask_channels=16, lr=0.005,
-    warmup=1,
+  image_size=(64, 64),
+  content_size=(64, 60),
+  max_instances=6,
+  max_real_instances=3,
+  box_size_range=(10.0, 40.0),
+  gt_mask_size=16,
+  blocks=(1, 1, 1, 1),
+  width=4,
+  fpn_channels=16,
+  anchor_sizes=(8, 16, 32, 64, 128),
+  pre_nms_top_n=64,
+  post_nms_top_n=32,
+  rpn_batch=32,
+  roi_batch=32,
+  canonical_scale=32,
+  mlp_dim=32,
+  mask_channels=16,
+  lr=0.005,
+  warmup=1,
 )
 
 MASK_RCNN = wl.Workload(
-    name='mask_rcnn',
-    description='Mask R-CNN R-101-FPN (maskrcnn-benchmark e2e_mask_rcnn_R_101_FPN_1x), 800x1333',
-    unit='images',
-    throughput_unit='images/s',
-    config=MASK_RCNN_CONFIG,
-    tiny=MASK_RCNN_TINY,
-    trainer=wl.supervised(lambda cfg, dtype: MaskRCNN(cfg, dtype), mask_rcnn_data.make_batch,
-                          loss, optimizer),
-    flops_per_example=flops_per_example,
-    family='image',
+  name='mask_rcnn',
+  description='Mask R-CNN R-101-FPN (maskrcnn-benchmark e2e_mask_rcnn_R_101_FPN_1x), 800x1333',
+  unit='images',
+  throughput_unit='images/s',
+  config=MASK_RCNN_CONFIG,
+  tiny=MASK_RCNN_TINY,
+  trainer=wl.supervised(
+    lambda cfg, dtype: MaskRCNN(cfg, dtype), mask_rcnn_data.make_batch, loss, optimizer
+  ),
+  flops_per_example=flops_per_example,
+  family='image',
 )

@@ -21,7 +21,7 @@ PIXEL_MEAN = (102.9801, 115.9465, 122.7717)
 def _inside(u, v, exponent):
   """Membership of box-normalized points (u, v in [0, 1]) in the inscribed superellipse."""
   inside_box = (u >= 0) & (u <= 1) & (v >= 0) & (v <= 1)
-  return inside_box & (jnp.abs(2 * u - 1)**exponent + jnp.abs(2 * v - 1)**exponent <= 1)
+  return inside_box & (jnp.abs(2 * u - 1) ** exponent + jnp.abs(2 * v - 1) ** exponent <= 1)
 
 
 def _instances(cfg, rng):
@@ -86,8 +86,13 @@ def make_batch(cfg, rng, n):
     inst_rng, img_rng = jax.random.split(key)
     boxes, classes, valid, exponent, colour = _instances(cfg, inst_rng)
     image = _image(cfg, img_rng, boxes, valid, exponent, colour)
-    return {'images': image, 'gt_boxes': boxes, 'gt_classes': classes,
-            'gt_masks': _gt_masks(cfg, valid, exponent), 'gt_valid': valid}
+    return {
+      'images': image,
+      'gt_boxes': boxes,
+      'gt_classes': classes,
+      'gt_masks': _gt_masks(cfg, valid, exponent),
+      'gt_valid': valid,
+    }
 
   # RBG keys: each threefry draw would compile its own hash kernel.
   return jax.vmap(one)(jax.random.split(resnet_fpn.as_rbg(rng), n))

@@ -29,14 +29,14 @@ class Task(NamedTuple):
 # run_mt_dnn.sh's order. MT-DNN's SAN_META enables SAN only for the pair-classification tasks;
 # SST-2, CoLA and STS-B score the pooled [CLS] vector with one dense layer.
 TASKS = (
-    Task('mnli', 3, 'san', True, 0.3),
-    Task('rte', 2, 'san', True, 0.1),
-    Task('qqp', 2, 'san', True, 0.1),
-    Task('qnli', 2, 'san', True, 0.1),
-    Task('mrpc', 2, 'san', True, 0.1),
-    Task('sst', 2, 'linear', False, 0.1),
-    Task('cola', 2, 'linear', False, 0.05),
-    Task('stsb', 1, 'regression', True, 0.1),
+  Task('mnli', 3, 'san', True, 0.3),
+  Task('rte', 2, 'san', True, 0.1),
+  Task('qqp', 2, 'san', True, 0.1),
+  Task('qnli', 2, 'san', True, 0.1),
+  Task('mrpc', 2, 'san', True, 0.1),
+  Task('sst', 2, 'linear', False, 0.1),
+  Task('cola', 2, 'linear', False, 0.05),
+  Task('stsb', 1, 'regression', True, 0.1),
 )
 head_init = nn.initializers.normal(0.02)  # MT-DNN's _my_init: N(0, 0.02) weights, zero biases
 
@@ -56,8 +56,9 @@ class GRUCell(nn.Module):
   @nn.compact
   def __call__(self, x_BxH, h_BxH):
     init = torch_uniform(self.features)
-    dense = functools.partial(nn.Dense, 3 * self.features, kernel_init=init, bias_init=init,
-                              dtype=self.dtype)
+    dense = functools.partial(
+      nn.Dense, 3 * self.features, kernel_init=init, bias_init=init, dtype=self.dtype
+    )
     i_r, i_z, i_n = jnp.split(dense(name='input')(x_BxH), 3, axis=-1)
     h_r, h_z, h_n = jnp.split(dense(name='hidden')(h_BxH), 3, axis=-1)
     r = nn.sigmoid(i_r + h_r)
@@ -99,9 +100,11 @@ class SanTurn(nn.Module):
     att_BxL = masked_softmax(jnp.einsum('blh,bh->bl', hidden_BxLxH, wy_BxH), second_BxL)
     x_sum_BxH = jnp.einsum('bl,blh->bh', att_BxL.astype(self.dtype), hidden_BxLxH)
     features = jnp.concatenate(
-        [x_sum_BxH, s_BxH, jnp.abs(x_sum_BxH - s_BxH), x_sum_BxH * s_BxH], axis=-1)
-    logits_BxC = nn.Dense(self.classes, kernel_init=head_init, dtype=self.dtype,
-                          name='classifier')(drop(features))
+      [x_sum_BxH, s_BxH, jnp.abs(x_sum_BxH - s_BxH), x_sum_BxH * s_BxH], axis=-1
+    )
+    logits_BxC = nn.Dense(self.classes, kernel_init=head_init, dtype=self.dtype, name='classifier')(
+      drop(features)
+    )
     s_BxH = GRUCell(h, self.dtype, name='gru')(x_sum_BxH, drop(s_BxH))
     return s_BxH, logits_BxC.astype(jnp.float32)
 
@@ -135,11 +138,16 @@ class SanClassifier(nn.Module):
     s_BxH = m_BxH * jnp.einsum('bl,blh->bh', alpha_BxL.astype(self.dtype), hidden_BxLxH)
 
     # The turns share their weights: a scan compiles one turn, not `turns` copies.
-    turns = nn.scan(SanTurn, variable_broadcast='params',
-                    split_rngs={'params': False, 'dropout': True},
-                    in_axes=(nn.broadcast, nn.broadcast), length=self.turns)
+    turns = nn.scan(
+      SanTurn,
+      variable_broadcast='params',
+      split_rngs={'params': False, 'dropout': True},
+      in_axes=(nn.broadcast, nn.broadcast),
+      length=self.turns,
+    )
     _, logits_TxBxC = turns(self.classes, self.dropout, train, self.dtype, name='turn')(
-        s_BxH, hidden_BxLxH, second_BxL)
+      s_BxH, hidden_BxLxH, second_BxL
+    )
 
     probs_BxTxC = jax.nn.softmax(logits_TxBxC.transpose(1, 0, 2), axis=-1)
     if train and self.mem_drop > 0:
@@ -162,8 +170,9 @@ class PooledHead(nn.Module):
   @nn.compact
   def __call__(self, pooled_BxH, train):
     x = nn.Dropout(self.dropout, deterministic=not train)(pooled_BxH)
-    return nn.Dense(self.classes, kernel_init=head_init, dtype=self.dtype,
-                    name='dense')(x).astype(jnp.float32)
+    return nn.Dense(self.classes, kernel_init=head_init, dtype=self.dtype, name='dense')(x).astype(
+      jnp.float32
+    )
 
 
 class MtDnn(nn.Module):
@@ -178,8 +187,9 @@ class MtDnn(nn.Module):
     heads = {}
     for task in TASKS:
       if task.head == 'san':
-        heads[task.name] = SanClassifier(task.classes, task.dropout, self.cfg['turns'],
-                                         self.cfg['mem_drop'], self.dtype)
+        heads[task.name] = SanClassifier(
+          task.classes, task.dropout, self.cfg['turns'], self.cfg['mem_drop'], self.dtype
+        )
       else:
         heads[task.name] = PooledHead(task.classes, task.dropout, self.dtype)
     self.heads = heads
@@ -201,8 +211,10 @@ class MtDnn(nn.Module):
   def __call__(self, batch, train):
     """Every head on one task batch (tokens, segments): initializes all parameters at once."""
     hidden, pooled = self.encode(batch['tokens'], batch['segments'], train)
-    return {task.name: self.head(i, hidden, pooled, batch['tokens'], batch['segments'], train)
-            for i, task in enumerate(TASKS)}
+    return {
+      task.name: self.head(i, hidden, pooled, batch['tokens'], batch['segments'], train)
+      for i, task in enumerate(TASKS)
+    }
 
 
 def make_batch(cfg, rng, n):
@@ -268,10 +280,18 @@ def optimizer(cfg):
   warmup = max(int(cfg['warmup'] * total), 1)
   # pytorch-pretrained-bert 0.6's warmup_linear: up to lr over `warmup`, then down to 0 at total.
   schedule = optax.join_schedules(
-      [optax.linear_schedule(0.0, cfg['lr'], warmup),
-       optax.linear_schedule(cfg['lr'], 0.0, max(total - warmup, 1))], [warmup])
-  return optax.chain(optax.clip_by_global_norm(cfg['clip']), scale_by_mtdnn_adamax(),
-                     optax.add_decayed_weights(0.01), optax.scale_by_learning_rate(schedule))
+    [
+      optax.linear_schedule(0.0, cfg['lr'], warmup),
+      optax.linear_schedule(cfg['lr'], 0.0, max(total - warmup, 1)),
+    ],
+    [warmup],
+  )
+  return optax.chain(
+    optax.clip_by_global_norm(cfg['clip']),
+    scale_by_mtdnn_adamax(),
+    optax.add_decayed_weights(0.01),
+    optax.scale_by_learning_rate(schedule),
+  )
 
 
 def trainer(cfg, policy):
@@ -288,20 +308,36 @@ def trainer(cfg, policy):
     batch = make_batch(cfg, batch_rng, 1)[TASKS[0].name]  # a pair task: every head can run
     variables = module.init({'params': params_rng, 'dropout': dropout_rng}, batch, train=False)
     params = variables['params']
-    return wl.TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state={},
-                         opt_state=tx.init(params), loss_scale=policy.initial_scale())
+    return wl.TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      model_state={},
+      opt_state=tx.init(params),
+      loss_scale=policy.initial_scale(),
+    )
 
   def loss_fn(params, index, tokens, segments, labels, rng):
     encoder_rng, head_rng = jax.random.split(rng)
     variables = {'params': params}
-    hidden, pooled = module.apply(variables, tokens, segments, True, method=MtDnn.encode,
-                                  rngs={'dropout': encoder_rng})
+    hidden, pooled = module.apply(
+      variables, tokens, segments, True, method=MtDnn.encode, rngs={'dropout': encoder_rng}
+    )
 
     def branch(i):
       def head_loss(hidden, pooled):
-        outputs = module.apply(variables, i, hidden, pooled, tokens, segments, True,
-                               method=MtDnn.head, rngs={'dropout': head_rng})
+        outputs = module.apply(
+          variables,
+          i,
+          hidden,
+          pooled,
+          tokens,
+          segments,
+          True,
+          method=MtDnn.head,
+          rngs={'dropout': head_rng},
+        )
         return task_loss(i, outputs, labels)
+
       return head_loss
 
     return jax.lax.switch(index, [branch(i) for i in range(len(TASKS))], hidden, pooled)
@@ -328,12 +364,22 @@ def trainer(cfg, policy):
 
     stack = lambda key, dtype: jnp.stack([batch[t.name][key].astype(dtype) for t in TASKS])
     # Class ids are exact in float32; the classification losses cast them back.
-    xs = (jnp.arange(len(TASKS)), stack('tokens', jnp.int32), stack('segments', jnp.int32),
-          stack('labels', jnp.float32))
+    xs = (
+      jnp.arange(len(TASKS)),
+      stack('tokens', jnp.int32),
+      stack('segments', jnp.int32),
+      stack('labels', jnp.float32),
+    )
     (params, opt_state, loss_scale), losses = jax.lax.scan(
-        update, (state.params, state.opt_state, state.loss_scale), xs)
-    new_state = wl.TrainState(step=state.step + 1, params=params, model_state=state.model_state,
-                              opt_state=opt_state, loss_scale=loss_scale)
+      update, (state.params, state.opt_state, state.loss_scale), xs
+    )
+    new_state = wl.TrainState(
+      step=state.step + 1,
+      params=params,
+      model_state=state.model_state,
+      opt_state=opt_state,
+      loss_scale=loss_scale,
+    )
     metrics = {'loss': losses.mean(), **{f'{t.name}_loss': losses[i] for i, t in enumerate(TASKS)}}
     return new_state, metrics
 
@@ -342,8 +388,12 @@ def trainer(cfg, policy):
     heads = {k: v for k, v in params.items() if k not in ('bert', 'pooler')}
     return {'encoder': {'bert': params['bert'], 'pooler': params['pooler']}, 'heads': heads}
 
-  return wl.Trainer(init=init, make_batch=lambda rng, n: make_batch(cfg, rng, n), step=step,
-                    param_groups=param_groups)
+  return wl.Trainer(
+    init=init,
+    make_batch=lambda rng, n: make_batch(cfg, rng, n),
+    step=step,
+    param_groups=param_groups,
+  )
 
 
 def flops_per_example(cfg):
@@ -354,8 +404,9 @@ def flops_per_example(cfg):
   for task in TASKS:
     if task.head == 'san':
       # Query self-attention, then per turn: bilinear map, scores, summary, classifier, GRU.
-      head = 4 * length * h + turns * (2 * h * h + 4 * length * h + 8 * h * task.classes
-                                       + 12 * h * h)
+      head = 4 * length * h + turns * (
+        2 * h * h + 4 * length * h + 8 * h * task.classes + 12 * h * h
+      )
     else:
       head = 2 * h * task.classes
     forward += encoder + head
@@ -365,22 +416,45 @@ def flops_per_example(cfg):
 # GLUE train sets at batch 32 for 5 epochs (train.py's default; README: batch 32):
 # ceil(392702/32) + ceil(2490/32) + ... = 29663 batches an epoch.
 MT_DNN_CONFIG = dict(
-    vocab=30522, hidden=1024, layers=24, heads=16, ffn=4096, max_positions=512, type_vocab=2,
-    dropout=0.1, seq_len=512, turns=5, mem_drop=0.1,
-    lr=5e-5, warmup=0.1, total_steps=5 * 29663, clip=1.0,
+  vocab=30522,
+  hidden=1024,
+  layers=24,
+  heads=16,
+  ffn=4096,
+  max_positions=512,
+  type_vocab=2,
+  dropout=0.1,
+  seq_len=512,
+  turns=5,
+  mem_drop=0.1,
+  lr=5e-5,
+  warmup=0.1,
+  total_steps=5 * 29663,
+  clip=1.0,
 )
-MT_DNN_TINY = dict(vocab=128, hidden=32, layers=2, heads=4, ffn=64, max_positions=32, seq_len=16,
-                   lr=1e-3, total_steps=400)
+MT_DNN_TINY = dict(
+  vocab=128,
+  hidden=32,
+  layers=2,
+  heads=4,
+  ffn=64,
+  max_positions=32,
+  seq_len=16,
+  lr=1e-3,
+  total_steps=400,
+)
 
 MT_DNN = wl.Workload(
-    name='mt_dnn',
-    description=('MT-DNN on the 8 GLUE tasks: shared BERT-large, SAN answer heads; one step is '
-                 'one update per task'),
-    unit='sequences',
-    throughput_unit='sequences/s',
-    config=MT_DNN_CONFIG,
-    tiny=MT_DNN_TINY,
-    trainer=trainer,
-    flops_per_example=flops_per_example,
-    units_per_example=lambda cfg: len(TASKS),
+  name='mt_dnn',
+  description=(
+    'MT-DNN on the 8 GLUE tasks: shared BERT-large, SAN answer heads; one step is '
+    'one update per task'
+  ),
+  unit='sequences',
+  throughput_unit='sequences/s',
+  config=MT_DNN_CONFIG,
+  tiny=MT_DNN_TINY,
+  trainer=trainer,
+  flops_per_example=flops_per_example,
+  units_per_example=lambda cfg: len(TASKS),
 )

@@ -51,14 +51,16 @@ class NASNetA(nn.Module):
       return cells.Cell(spec, int(filters), stride, keep, self.dtype, name=name)
 
     x = batch['images'].astype(self.dtype)
-    x = cells.conv(int(32 * cfg['stem_multiplier']), 3, self.dtype, 'conv0', stride=2,
-                   padding='VALID')(x)
+    x = cells.conv(
+      int(32 * cfg['stem_multiplier']), 3, self.dtype, 'conv0', stride=2, padding='VALID'
+    )(x)
     x = cells.batch_norm(train, self.dtype, 'conv0_bn')(x)
     outputs = [None, x]
     scale = 1.0 / cfg['filter_scaling'] ** 2
     for i in range(2):
       x = cell(cells.REDUCTION, cfg['filters'] * scale, 2, i, f'cell_stem_{i}')(
-          x, outputs[-2], train, progress)
+        x, outputs[-2], train, progress
+      )
       outputs.append(x)
       scale *= cfg['filter_scaling']
 
@@ -70,12 +72,14 @@ class NASNetA(nn.Module):
       prev = outputs[-2]
       if i in where:
         scale *= cfg['filter_scaling']
-        x = cell(cells.REDUCTION, cfg['filters'] * scale, 2, index,
-                 f'reduction_cell_{where.index(i)}')(x, outputs[-2], train, progress)
+        x = cell(
+          cells.REDUCTION, cfg['filters'] * scale, 2, index, f'reduction_cell_{where.index(i)}'
+        )(x, outputs[-2], train, progress)
         outputs.append(x)
         index += 1
       x = cell(cells.NORMAL, cfg['filters'] * scale, 1, index, f'cell_{i}')(
-          x, prev, train, progress)
+        x, prev, train, progress
+      )
       outputs.append(x)
       index += 1
 
@@ -97,8 +101,9 @@ def make_batch(cfg, rng, n):
 def loss(cfg, logits, batch):
   """Softmax cross-entropy in float32, optionally label-smoothed (slim's recipe uses 0.1)."""
   logits = logits.astype(jnp.float32)
-  targets = optax.smooth_labels(jax.nn.one_hot(batch['labels'], logits.shape[-1]),
-                                cfg['label_smoothing'])
+  targets = optax.smooth_labels(
+    jax.nn.one_hot(batch['labels'], logits.shape[-1]), cfg['label_smoothing']
+  )
   value = optax.softmax_cross_entropy(logits, targets).mean()
   accuracy = (jnp.argmax(logits, -1) == batch['labels']).mean()
   return value, {'accuracy': accuracy}
@@ -107,8 +112,10 @@ def loss(cfg, logits, batch):
 def _decay_mask(params):
   """L2 on convolution and dense weights and the dense bias; batch-norm scales and offsets
   are exempt, as tf_cnn_benchmarks' filter_l2_loss_vars intends."""
+
   def decays(path, _):
     return path[-1].key == 'kernel' or path[-2].key == 'logits'
+
   return jax.tree_util.tree_map_with_path(decays, params)
 
 
@@ -117,8 +124,10 @@ def optimizer(cfg):
 
   d/dw of wd/2 |w|^2 (tf.nn.l2_loss) is wd * w, which add_decayed_weights adds.
   """
-  return optax.chain(optax.add_decayed_weights(cfg['weight_decay'], mask=_decay_mask),
-                     optax.sgd(cfg['lr'], momentum=0.9))
+  return optax.chain(
+    optax.add_decayed_weights(cfg['weight_decay'], mask=_decay_mask),
+    optax.sgd(cfg['lr'], momentum=0.9),
+  )
 
 
 @functools.lru_cache(maxsize=8)
@@ -143,8 +152,9 @@ def _forward_flops(cfg_items):
 
   module = NASNetA(cfg)
   with nn.intercept_methods(count):
-    jax.eval_shape(lambda: module.init(jax.random.key(0), make_batch(cfg, jax.random.key(0), 1),
-                                       train=False))
+    jax.eval_shape(
+      lambda: module.init(jax.random.key(0), make_batch(cfg, jax.random.key(0), 1), train=False)
+    )
   return float(sum(flops))
 
 
@@ -154,31 +164,37 @@ def flops_per_example(cfg):
 
 
 NASNET_LARGE_CONFIG = dict(
-    image_size=331, num_classes=1001,
-    num_cells=18, num_reductions=2, filters=168, stem_multiplier=3.0, filter_scaling=2.0,
-    drop_path_keep=0.7,
-    # slim's total_training_steps: drop-path ramps in over the first 250k steps.
-    drop_path_steps=250000,
-    dense_dropout=0.5,
-    # tf_cnn_benchmarks' plain sparse softmax cross-entropy; slim's recipe used 0.1.
-    label_smoothing=0.0,
-    weight_decay=1e-4,
-    lr=0.005,  # tf_cnn_benchmarks' NasnetLargeModel default (batch 16)
+  image_size=331,
+  num_classes=1001,
+  num_cells=18,
+  num_reductions=2,
+  filters=168,
+  stem_multiplier=3.0,
+  filter_scaling=2.0,
+  drop_path_keep=0.7,
+  # slim's total_training_steps: drop-path ramps in over the first 250k steps.
+  drop_path_steps=250000,
+  dense_dropout=0.5,
+  # tf_cnn_benchmarks' plain sparse softmax cross-entropy; slim's recipe used 0.1.
+  label_smoothing=0.0,
+  weight_decay=1e-4,
+  lr=0.005,  # tf_cnn_benchmarks' NasnetLargeModel default (batch 16)
 )
 # One normal cell per stack at 64x64 (31 -> 16 -> 8 -> 4 -> 2 pixels, so batch norm in the
 # last stack sees more than one pixel per example), drop-path at full strength from the first
 # step so the learning test exercises it, and the reference's learning rate.
-NASNET_TINY = dict(image_size=64, num_classes=10, num_cells=3, filters=8, stem_multiplier=0.25,
-                   drop_path_steps=0)
+NASNET_TINY = dict(
+  image_size=64, num_classes=10, num_cells=3, filters=8, stem_multiplier=0.25, drop_path_steps=0
+)
 
 NASNET_LARGE = wl.Workload(
-    name='nasnet_large',
-    description='NASNet-A Large (6@4032, tf_cnn_benchmarks nasnet_large), 331x331, 1001 classes',
-    unit='images',
-    throughput_unit='images/s',
-    config=NASNET_LARGE_CONFIG,
-    tiny=NASNET_TINY,
-    trainer=wl.supervised(lambda cfg, dtype: NASNetA(cfg, dtype), make_batch, loss, optimizer),
-    flops_per_example=flops_per_example,
-    family='image',
+  name='nasnet_large',
+  description='NASNet-A Large (6@4032, tf_cnn_benchmarks nasnet_large), 331x331, 1001 classes',
+  unit='images',
+  throughput_unit='images/s',
+  config=NASNET_LARGE_CONFIG,
+  tiny=NASNET_TINY,
+  trainer=wl.supervised(lambda cfg, dtype: NASNetA(cfg, dtype), make_batch, loss, optimizer),
+  flops_per_example=flops_per_example,
+  family='image',
 )

@@ -30,28 +30,58 @@ class CellSpec(NamedTuple):
 
 
 NORMAL = CellSpec(
-    ops=(('sep', 5), ('sep', 3), ('sep', 5), ('sep', 3), ('avg', 3), ('none', 1),
-         ('avg', 3), ('avg', 3), ('sep', 3), ('none', 1)),
-    inputs=(0, 1, 1, 1, 0, 1, 1, 1, 0, 0),
-    used=(1, 0, 0, 0, 0, 0, 0))
+  ops=(
+    ('sep', 5),
+    ('sep', 3),
+    ('sep', 5),
+    ('sep', 3),
+    ('avg', 3),
+    ('none', 1),
+    ('avg', 3),
+    ('avg', 3),
+    ('sep', 3),
+    ('none', 1),
+  ),
+  inputs=(0, 1, 1, 1, 0, 1, 1, 1, 0, 0),
+  used=(1, 0, 0, 0, 0, 0, 0),
+)
 REDUCTION = CellSpec(
-    ops=(('sep', 5), ('sep', 7), ('max', 3), ('sep', 7), ('avg', 3), ('sep', 5),
-         ('none', 1), ('avg', 3), ('sep', 3), ('max', 3)),
-    inputs=(0, 1, 0, 1, 0, 1, 3, 2, 2, 0),
-    used=(1, 1, 1, 0, 0, 0, 0))
+  ops=(
+    ('sep', 5),
+    ('sep', 7),
+    ('max', 3),
+    ('sep', 7),
+    ('avg', 3),
+    ('sep', 5),
+    ('none', 1),
+    ('avg', 3),
+    ('sep', 3),
+    ('max', 3),
+  ),
+  inputs=(0, 1, 0, 1, 0, 1, 3, 2, 2, 0),
+  used=(1, 1, 1, 0, 0, 0, 0),
+)
 
 
 def batch_norm(train, dtype, name):
-  return nn.BatchNorm(use_running_average=not train, momentum=BN_MOMENTUM, epsilon=BN_EPS,
-                      dtype=dtype, name=name)
+  return nn.BatchNorm(
+    use_running_average=not train, momentum=BN_MOMENTUM, epsilon=BN_EPS, dtype=dtype, name=name
+  )
 
 
 def conv(features, kernel, dtype, name, stride=1, groups=1, padding='SAME'):
   """A bias-free convolution: batch norm follows every one."""
-  return nn.Conv(features, (kernel, kernel), strides=stride, padding=padding,
-                 feature_group_count=groups, use_bias=False,
-                 kernel_init=DEPTHWISE_INIT if groups > 1 else KERNEL_INIT,
-                 dtype=dtype, name=name)
+  return nn.Conv(
+    features,
+    (kernel, kernel),
+    strides=stride,
+    padding=padding,
+    feature_group_count=groups,
+    use_bias=False,
+    kernel_init=DEPTHWISE_INIT if groups > 1 else KERNEL_INIT,
+    dtype=dtype,
+    name=name,
+  )
 
 
 class SeparableStack(nn.Module):
@@ -67,8 +97,14 @@ class SeparableStack(nn.Module):
     stride = self.stride
     for i in (1, 2):
       x = nn.relu(x)
-      x = conv(x.shape[-1], self.kernel, self.dtype, f'separable_{i}_depthwise', stride=stride,
-               groups=x.shape[-1])(x)
+      x = conv(
+        x.shape[-1],
+        self.kernel,
+        self.dtype,
+        f'separable_{i}_depthwise',
+        stride=stride,
+        groups=x.shape[-1],
+      )(x)
       x = conv(self.filters, 1, self.dtype, f'separable_{i}_pointwise')(x)
       x = batch_norm(train, self.dtype, f'bn_sep_{i}')(x)
       stride = 1
@@ -118,7 +154,8 @@ class Cell(nn.Module):
       return x
     if prev.shape[2] != x.shape[2]:
       return FactorizedReduction(self.filters, self.dtype, name='prev_reduction')(
-          nn.relu(prev), train)
+        nn.relu(prev), train
+      )
     if prev.shape[-1] != self.filters:
       prev = conv(self.filters, 1, self.dtype, 'prev_1x1')(nn.relu(prev))
       return batch_norm(train, self.dtype, 'prev_bn')(prev)
@@ -166,9 +203,17 @@ class Cell(nn.Module):
       for j, side in ((2 * i, 'left'), (2 * i + 1, 'right')):
         src = self.spec.inputs[j]
         stride = self.stride if src < 2 else 1  # only the cell inputs are strided
-        branches.append(self._operation(
-            states[src], self.spec.ops[j], stride, f'comb_iter_{i}_{side}', train,
-            None if noise is None else noise[j], progress))
+        branches.append(
+          self._operation(
+            states[src],
+            self.spec.ops[j],
+            stride,
+            f'comb_iter_{i}_{side}',
+            train,
+            None if noise is None else noise[j],
+            progress,
+          )
+        )
       states.append(branches[0] + branches[1])
     # NASNet-A's wiring leaves every unused state at the output's shape, so
     # slim's reshaping of mismatched unused states never fires.

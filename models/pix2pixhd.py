@@ -64,15 +64,19 @@ def _scene(cfg, rng):
     label, instance = maps
     dy = (ys - centres[k, 0]) / radii[k, 0]
     dx = (xs - centres[k, 1]) / radii[k, 1]
-    inside = jnp.where(ellipse[k], dy**2 + dx**2 <= 1.0,
-                       (jnp.abs(dy) <= 1.0) & (jnp.abs(dx) <= 1.0))
-    return (jnp.where(inside, classes[k], label),
-            jnp.where(inside, classes[k] * 1000 + k + 1, instance))
+    inside = jnp.where(
+      ellipse[k], dy**2 + dx**2 <= 1.0, (jnp.abs(dy) <= 1.0) & (jnp.abs(dx) <= 1.0)
+    )
+    return (
+      jnp.where(inside, classes[k], label),
+      jnp.where(inside, classes[k] * 1000 + k + 1, instance),
+    )
 
   label, instance = jax.lax.fori_loop(0, n_shapes, paint, (label, instance))
   # A fixed colour per class, by formula: a literal random key would be constant-folded.
-  palette = 0.8 * jnp.sin(jnp.arange(n_cls, dtype=jnp.float32)[:, None]
-                          * jnp.array([1.0, 2.39, 3.77]) + 1.0)
+  palette = 0.8 * jnp.sin(
+    jnp.arange(n_cls, dtype=jnp.float32)[:, None] * jnp.array([1.0, 2.39, 3.77]) + 1.0
+  )
   image = palette[label] + 0.2 * (ys[..., None] - 0.5)
   image = image + 0.05 * jax.random.normal(noise_rng, (h, w, 3))
   return label, instance, jnp.clip(image, -1.0, 1.0)
@@ -89,8 +93,12 @@ def instance_edges(instance_BxHxW):
   dx = instance_BxHxW[:, :, 1:] != instance_BxHxW[:, :, :-1]
   dy = instance_BxHxW[:, 1:, :] != instance_BxHxW[:, :-1, :]
   pad = lambda d, widths: jnp.pad(d, ((0, 0),) + widths)
-  return (pad(dx, ((0, 0), (1, 0))) | pad(dx, ((0, 0), (0, 1)))
-          | pad(dy, ((1, 0), (0, 0))) | pad(dy, ((0, 1), (0, 0))))
+  return (
+    pad(dx, ((0, 0), (1, 0)))
+    | pad(dx, ((0, 0), (0, 1)))
+    | pad(dy, ((1, 0), (0, 0)))
+    | pad(dy, ((0, 1), (0, 0)))
+  )
 
 
 def encode_input(cfg, batch, dtype):
@@ -146,8 +154,15 @@ def losses(nets: Nets, cfg, params, vgg_params, batch):
   g_feat = cfg['lambda_feat'] * feature_matching(pred_fake, sg(pred_real), cfg['n_layers_D'])
   g_vgg = cfg['lambda_feat'] * vgg.perceptual_loss(nets.vgg, vgg_params, fake, real)
   g_loss = g_gan + g_feat + g_vgg
-  return g_loss + d_loss, {'g_loss': g_loss, 'd_loss': d_loss, 'g_gan': g_gan,
-                           'g_feat': g_feat, 'g_vgg': g_vgg, 'd_real': d_real, 'd_fake': d_fake}
+  return g_loss + d_loss, {
+    'g_loss': g_loss,
+    'd_loss': d_loss,
+    'g_gan': g_gan,
+    'g_feat': g_feat,
+    'g_vgg': g_vgg,
+    'd_real': d_real,
+    'd_fake': d_fake,
+  }
 
 
 # ------------------------------------------------------------------------- trainer
@@ -181,7 +196,7 @@ def _normal_tree(rng, shapes, kernel_std):
   out, offset = [], 0
   for (_, leaf), k in zip(leaves, is_kernel):
     if k:
-      out.append(kernel_std(leaf.shape) * flat[offset:offset + leaf.size].reshape(leaf.shape))
+      out.append(kernel_std(leaf.shape) * flat[offset : offset + leaf.size].reshape(leaf.shape))
       offset += leaf.size
     else:
       out.append(jnp.zeros(leaf.shape, leaf.dtype))
@@ -194,10 +209,15 @@ def param_shapes(nets: Nets, cfg):
   h, w = min(cfg['height'], side), min(cfg['width'], side)
   in_ch, key = cfg['label_nc'] + 1, jax.random.key(0)
   shapes = lambda module, ch: jax.eval_shape(
-      module.init, key, jax.ShapeDtypeStruct((1, h, w, ch), jnp.float32))['params']
-  return ({'generator': shapes(nets.generator, in_ch),
-           'discriminator': shapes(nets.discriminator, in_ch + cfg['output_nc'])},
-          shapes(nets.vgg, 3))
+    module.init, key, jax.ShapeDtypeStruct((1, h, w, ch), jnp.float32)
+  )['params']
+  return (
+    {
+      'generator': shapes(nets.generator, in_ch),
+      'discriminator': shapes(nets.discriminator, in_ch + cfg['output_nc']),
+    },
+    shapes(nets.vgg, 3),
+  )
 
 
 def init_params(nets: Nets, cfg, rng):
@@ -205,8 +225,10 @@ def init_params(nets: Nets, cfg, rng):
   weights_init), zero biases; and the fixed VGG19's He-normal parameters."""
   params_rng, vgg_rng = jax.random.split(rng)
   params, vgg_params = param_shapes(nets, cfg)
-  return (_normal_tree(params_rng, params, lambda shape: nets_lib.KERNEL_STD),
-          _normal_tree(vgg_rng, vgg_params, vgg.kernel_std))
+  return (
+    _normal_tree(params_rng, params, lambda shape: nets_lib.KERNEL_STD),
+    _normal_tree(vgg_rng, vgg_params, vgg.kernel_std),
+  )
 
 
 def trainer(cfg, policy) -> wl.Trainer:
@@ -215,9 +237,13 @@ def trainer(cfg, policy) -> wl.Trainer:
 
   def init(rng):
     params, vgg_params = init_params(nets, cfg, rng)
-    return GANState(step=jnp.zeros((), jnp.int32), params=params,
-                    opt_state={k: tx.init(params[k]) for k in NETWORKS},
-                    vgg_params=vgg_params, loss_scale=policy.initial_scale())
+    return GANState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state={k: tx.init(params[k]) for k in NETWORKS},
+      vgg_params=vgg_params,
+      loss_scale=policy.initial_scale(),
+    )
 
   def step(state, batch, rng):
     del rng  # pix2pixHD's iteration draws nothing at random (no dropout, no noise, pool 0)
@@ -226,8 +252,9 @@ def trainer(cfg, policy) -> wl.Trainer:
       (value, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
       finite, loss_scale = None, None
     else:
-      loss_scale, finite, (value, metrics), grads = (
-          state.loss_scale.value_and_grad(loss_fn, has_aux=True)(state.params))
+      loss_scale, finite, (value, metrics), grads = state.loss_scale.value_and_grad(
+        loss_fn, has_aux=True
+      )(state.params)
     params, opt_state = {}, {}
     for k in NETWORKS:
       updates, opt_state[k] = tx.update(grads[k], state.opt_state[k], state.params[k])
@@ -236,12 +263,17 @@ def trainer(cfg, policy) -> wl.Trainer:
       # A step whose scaled gradients overflowed changes nothing but the scale.
       keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
       params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                              loss_scale=loss_scale)
+    new_state = state.replace(
+      step=state.step + 1, params=params, opt_state=opt_state, loss_scale=loss_scale
+    )
     return new_state, {'loss': value, **metrics}
 
-  return wl.Trainer(init=init, make_batch=lambda rng, n: make_batch(cfg, rng, n), step=step,
-                    param_groups=lambda state: {k: state.params[k] for k in NETWORKS})
+  return wl.Trainer(
+    init=init,
+    make_batch=lambda rng, n: make_batch(cfg, rng, n),
+    step=step,
+    param_groups=lambda state: {k: state.params[k] for k in NETWORKS},
+  )
 
 
 def flops_per_example(cfg):
@@ -259,25 +291,48 @@ def flops_per_example(cfg):
 
 
 PIX2PIXHD = wl.Workload(
-    name='pix2pixhd',
-    description='Pix2PixHD local enhancer, 2048x1024 Cityscapes-like label maps, G and D steps',
-    unit='images',
-    throughput_unit='images/s',
-    config=dict(
-        height=1024, width=2048, label_nc=35, output_nc=3,
-        # netG=local: the global generator runs at ngf*2 = 64 on the half-size input.
-        ngf=32, n_downsample_global=4, n_blocks_global=9, n_blocks_local=3,
-        ndf=64, n_layers_D=3, num_D=3, vgg_base=64,
-        lambda_feat=10.0, lr=2e-4, beta1=0.5,
-        shapes=24,  # painted objects per synthetic label map
-    ),
-    # Every stage kept but the fewest layers: XLA's CPU compile time grows with the
-    # layer count (about 30 s of CPU for this step), not with the image size.
-    tiny=dict(height=32, width=64, ngf=4, n_downsample_global=1, n_blocks_global=1,
-              n_blocks_local=1, ndf=8, n_layers_D=2, num_D=2, vgg_base=8, shapes=6, lr=1e-3),
-    trainer=trainer,
-    flops_per_example=flops_per_example,
-    default_precision='fp32',
-    family='image',
-    adversarial=True,
+  name='pix2pixhd',
+  description='Pix2PixHD local enhancer, 2048x1024 Cityscapes-like label maps, G and D steps',
+  unit='images',
+  throughput_unit='images/s',
+  config=dict(
+    height=1024,
+    width=2048,
+    label_nc=35,
+    output_nc=3,
+    # netG=local: the global generator runs at ngf*2 = 64 on the half-size input.
+    ngf=32,
+    n_downsample_global=4,
+    n_blocks_global=9,
+    n_blocks_local=3,
+    ndf=64,
+    n_layers_D=3,
+    num_D=3,
+    vgg_base=64,
+    lambda_feat=10.0,
+    lr=2e-4,
+    beta1=0.5,
+    shapes=24,  # painted objects per synthetic label map
+  ),
+  # Every stage kept but the fewest layers: XLA's CPU compile time grows with the
+  # layer count (about 30 s of CPU for this step), not with the image size.
+  tiny=dict(
+    height=32,
+    width=64,
+    ngf=4,
+    n_downsample_global=1,
+    n_blocks_global=1,
+    n_blocks_local=1,
+    ndf=8,
+    n_layers_D=2,
+    num_D=2,
+    vgg_base=8,
+    shapes=6,
+    lr=1e-3,
+  ),
+  trainer=trainer,
+  flops_per_example=flops_per_example,
+  default_precision='fp32',
+  family='image',
+  adversarial=True,
 )

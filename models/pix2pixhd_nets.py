@@ -46,14 +46,28 @@ class _Layers(nn.Module):
   dtype: Any = jnp.float32
 
   def conv(self, ch, k, stride=1, padding=0, name=None):
-    return nn.Conv(ch, (k, k), strides=(stride, stride), padding=padding, dtype=self.dtype,
-                   name=name, **_conv_init)
+    return nn.Conv(
+      ch,
+      (k, k),
+      strides=(stride, stride),
+      padding=padding,
+      dtype=self.dtype,
+      name=name,
+      **_conv_init,
+    )
 
   def up(self, ch, name=None):
     # ConvTranspose2d(k=3, s=2, padding=1, output_padding=1): on the 2x-dilated input
     # that is padding (k-1-1, k-1-1+1) = (1, 2), doubling the size exactly.
-    return nn.ConvTranspose(ch, (3, 3), strides=(2, 2), padding=((1, 2), (1, 2)),
-                            dtype=self.dtype, name=name, **_conv_init)
+    return nn.ConvTranspose(
+      ch,
+      (3, 3),
+      strides=(2, 2),
+      padding=((1, 2), (1, 2)),
+      dtype=self.dtype,
+      name=name,
+      **_conv_init,
+    )
 
   def norm(self, x):
     # InstanceNorm2d(affine=False): no parameters; flax reduces in float32.
@@ -87,8 +101,9 @@ class GlobalTrunk(_Layers):
     for i in range(self.n_blocks):
       x = ResnetBlock(self.dtype, name=f'block_{i}')(x)
     for i in range(self.n_downsample):
-      x = nn.relu(self.norm(self.up(self.ngf * 2 ** (self.n_downsample - i - 1),
-                                    name=f'up_{i}')(x)))
+      x = nn.relu(
+        self.norm(self.up(self.ngf * 2 ** (self.n_downsample - i - 1), name=f'up_{i}')(x))
+      )
     return x
 
 
@@ -107,8 +122,9 @@ class LocalEnhancer(_Layers):
   @nn.compact
   def __call__(self, x_BxHxWxC):
     x = x_BxHxWxC.astype(self.dtype)
-    g = GlobalTrunk(self.dtype, self.ngf * 2, self.n_downsample_global, self.n_blocks_global,
-                    name='global')(downsample(x))
+    g = GlobalTrunk(
+      self.dtype, self.ngf * 2, self.n_downsample_global, self.n_blocks_global, name='global'
+    )(downsample(x))
     y = nn.relu(self.norm(self.conv(self.ngf, 7, name='local_stem')(reflect_pad(x, 3))))
     y = nn.relu(self.norm(self.conv(self.ngf * 2, 3, stride=2, padding=1, name='local_down')(y)))
     y = y + g
@@ -201,7 +217,13 @@ def discriminator_flops(cfg) -> float:
 
 def build(cfg, dtype):
   """(generator, discriminator) modules at config `cfg` and compute dtype."""
-  generator = LocalEnhancer(dtype, cfg['ngf'], cfg['n_downsample_global'],
-                            cfg['n_blocks_global'], cfg['n_blocks_local'], cfg['output_nc'])
+  generator = LocalEnhancer(
+    dtype,
+    cfg['ngf'],
+    cfg['n_downsample_global'],
+    cfg['n_blocks_global'],
+    cfg['n_blocks_local'],
+    cfg['output_nc'],
+  )
   discriminator = MultiscaleDiscriminator(dtype, cfg['ndf'], cfg['n_layers_D'], cfg['num_D'])
   return generator, discriminator

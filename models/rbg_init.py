@@ -17,8 +17,7 @@ _GOLDEN = 0x9E3779B9  # any odd constant: widens the 2-word key to RBG's 4 words
 def rbg_key(key: jax.Array) -> jax.Array:
   """An RBG key made from `key`'s data, without a threefry hash (also for synthetic batches)."""
   data = jax.random.key_data(key).reshape(-1)[:2]
-  return jax.random.wrap_key_data(jnp.concatenate([data, data ^ jnp.uint32(_GOLDEN)]),
-                                  impl='rbg')
+  return jax.random.wrap_key_data(jnp.concatenate([data, data ^ jnp.uint32(_GOLDEN)]), impl='rbg')
 
 
 def rbg(base: Initializer) -> Initializer:

@@ -67,12 +67,21 @@ class Bottleneck(nn.Module):
 
   @nn.compact
   def __call__(self, x):
-    conv = lambda c, k, s, name: nn.Conv(c, (k, k), (s, s), padding=k // 2, use_bias=False,
-                                         kernel_init=conv_init, dtype=self.dtype, name=name)
+    conv = lambda c, k, s, name: nn.Conv(
+      c,
+      (k, k),
+      (s, s),
+      padding=k // 2,
+      use_bias=False,
+      kernel_init=conv_init,
+      dtype=self.dtype,
+      name=name,
+    )
     shortcut = x
     if x.shape[-1] != self.out or self.stride != 1:
-      shortcut = FrozenBatchNorm(name='downsample_bn')(conv(self.out, 1, self.stride,
-                                                            'downsample')(x))
+      shortcut = FrozenBatchNorm(name='downsample_bn')(
+        conv(self.out, 1, self.stride, 'downsample')(x)
+      )
     y = nn.relu(FrozenBatchNorm(name='bn1')(conv(self.width, 1, self.stride, 'conv1')(x)))
     y = nn.relu(FrozenBatchNorm(name='bn2')(conv(self.width, 3, 1, 'conv2')(y)))
     y = FrozenBatchNorm(name='bn3')(conv(self.out, 1, 1, 'conv3')(y))
@@ -89,8 +98,16 @@ class ResNetFPN(nn.Module):
 
   @nn.compact
   def __call__(self, images_BxHxWx3):
-    x = nn.Conv(self.width, (7, 7), (2, 2), padding=3, use_bias=False, kernel_init=conv_init,
-                dtype=self.dtype, name='stem')(images_BxHxWx3)
+    x = nn.Conv(
+      self.width,
+      (7, 7),
+      (2, 2),
+      padding=3,
+      use_bias=False,
+      kernel_init=conv_init,
+      dtype=self.dtype,
+      name='stem',
+    )(images_BxHxWx3)
     x = nn.relu(FrozenBatchNorm(name='stem_bn')(x))
     x = nn.max_pool(x, (3, 3), (2, 2), padding=((1, 1), (1, 1)))
     stages = []
@@ -121,8 +138,9 @@ class FPN(nn.Module):
 
   @nn.compact
   def __call__(self, stages):
-    conv = lambda k, name: nn.Conv(self.channels, (k, k), padding=k // 2, kernel_init=fpn_init,
-                                   dtype=self.dtype, name=name)
+    conv = lambda k, name: nn.Conv(
+      self.channels, (k, k), padding=k // 2, kernel_init=fpn_init, dtype=self.dtype, name=name
+    )
     top = conv(1, f'inner{len(stages) + 1}')(stages[-1])
     outputs = [conv(3, f'layer{len(stages) + 1}')(top)]
     for level in range(len(stages) - 1, 0, -1):

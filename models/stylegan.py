@@ -48,8 +48,14 @@ class Mapping(nn.Module):
   def __call__(self, z_NxZ):
     x = sl.pixel_norm(z_NxZ.astype(self.dtype))
     for i in range(self.cfg['mapping_layers']):
-      x = sl.lrelu(sl.EqDense(self.cfg['latent_size'], lrmul=self.cfg['mapping_lrmul'],
-                              dtype=self.dtype, name=f'dense_{i}')(x))
+      x = sl.lrelu(
+        sl.EqDense(
+          self.cfg['latent_size'],
+          lrmul=self.cfg['mapping_lrmul'],
+          dtype=self.dtype,
+          name=f'dense_{i}',
+        )(x)
+      )
     return x
 
 
@@ -69,7 +75,7 @@ class Synthesis(nn.Module):
 
     def epilogue(i, x):
       size = x.shape[1]
-      noise = noise_NxP[:, offsets[i]:offsets[i + 1]].reshape(n, size, size, 1)
+      noise = noise_NxP[:, offsets[i] : offsets[i + 1]].reshape(n, size, size, 1)
       return sl.LayerEpilogue(dtype, name=f'epilogue_{i}')(x, w_NxLxD[:, i], noise)
 
     const = self.param('const', nn.initializers.ones, (4, 4, nf(cfg, 1)))
@@ -77,8 +83,14 @@ class Synthesis(nn.Module):
     x = epilogue(1, sl.EqConv(nf(cfg, 1), use_bias=False, dtype=dtype, name='conv_4')(x))
     for res in range(3, log2_res(cfg) + 1):
       size = 2**res
-      x = sl.EqConv(nf(cfg, res - 1), resample='up', fused=size >= cfg['fused_min_res'],
-                    use_bias=False, dtype=dtype, name=f'conv0_up_{size}')(x)
+      x = sl.EqConv(
+        nf(cfg, res - 1),
+        resample='up',
+        fused=size >= cfg['fused_min_res'],
+        use_bias=False,
+        dtype=dtype,
+        name=f'conv0_up_{size}',
+      )(x)
       x = epilogue(2 * res - 4, sl.blur(x))
       x = sl.EqConv(nf(cfg, res - 1), use_bias=False, dtype=dtype, name=f'conv1_{size}')(x)
       x = epilogue(2 * res - 3, x)
@@ -121,8 +133,7 @@ class Generator(nn.Module):
       u_mix, u_cut = jax.random.uniform(uniform_rng, (2,))
       cut = jnp.minimum(1 + jnp.floor(u_cut * (layers - 1)).astype(jnp.int32), layers - 1)
       cutoff = jnp.where(u_mix < cfg['style_mixing_prob'], cut, layers)
-      w_NxLxD = jnp.where((jnp.arange(layers) < cutoff)[None, :, None],
-                          w[:, None], w2[:, None])
+      w_NxLxD = jnp.where((jnp.arange(layers) < cutoff)[None, :, None], w[:, None], w2[:, None])
     else:
       w = mapping(z_NxZ)
       w_NxLxD = jnp.broadcast_to(w[:, None], (n, layers, w.shape[-1]))
@@ -139,13 +150,19 @@ class Discriminator(nn.Module):
   @nn.compact
   def __call__(self, images_NxHxWx3):
     cfg, dtype, top = self.cfg, self.dtype, log2_res(self.cfg)
-    x = sl.lrelu(sl.EqConv(nf(cfg, top - 1), kernel=1, dtype=dtype, name='from_rgb')(
-        images_NxHxWx3))
+    x = sl.lrelu(
+      sl.EqConv(nf(cfg, top - 1), kernel=1, dtype=dtype, name='from_rgb')(images_NxHxWx3)
+    )
     for res in range(top, 2, -1):
       size = 2**res
       x = sl.lrelu(sl.EqConv(nf(cfg, res - 1), dtype=dtype, name=f'conv0_{size}')(x))
-      x = sl.EqConv(nf(cfg, res - 2), resample='down', fused=size >= cfg['fused_min_res'],
-                    dtype=dtype, name=f'conv1_down_{size}')(sl.blur(x))
+      x = sl.EqConv(
+        nf(cfg, res - 2),
+        resample='down',
+        fused=size >= cfg['fused_min_res'],
+        dtype=dtype,
+        name=f'conv1_down_{size}',
+      )(sl.blur(x))
       x = sl.lrelu(x)
     x = sl.minibatch_stddev(x, cfg['mbstd_group_size'], cfg['mbstd_features'])
     x = sl.lrelu(sl.EqConv(nf(cfg, 1), dtype=dtype, name='conv_4')(x))
@@ -208,8 +225,11 @@ class Nets:
     fakes, w_mean = self.generate(g_params, reals.shape[0], rng)
     fake_scores = self.score(d_params, jax.lax.stop_gradient(fakes))
     r1, real_scores = self.r1(d_params, reals, scale)
-    loss = jnp.mean(jax.nn.softplus(fake_scores) + jax.nn.softplus(-real_scores)
-                    + r1 * (self.cfg['r1_gamma'] * 0.5))
+    loss = jnp.mean(
+      jax.nn.softplus(fake_scores)
+      + jax.nn.softplus(-real_scores)
+      + r1 * (self.cfg['r1_gamma'] * 0.5)
+    )
     return loss, {'r1': jnp.mean(r1), 'w_mean': jax.lax.stop_gradient(w_mean)}
 
   def g_loss(self, g_params, d_params, n, rng):
@@ -230,8 +250,9 @@ def descend(loss_fn, params, opt_state, tx, dynamic_scale):
     (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     finite = None
   else:
-    dynamic_scale, finite, (loss, aux), grads = dynamic_scale.value_and_grad(
-        loss_fn, has_aux=True)(params)
+    dynamic_scale, finite, (loss, aux), grads = dynamic_scale.value_and_grad(loss_fn, has_aux=True)(
+      params
+    )
   updates, new_opt_state = tx.update(grads, opt_state, params)
   new_params = optax.apply_updates(params, updates)
   if finite is not None:
@@ -252,13 +273,19 @@ def d_step(nets, tx, state, reals, rng):
   scale = 1.0 if scale_state is None else scale_state.scale
   loss_fn = lambda d: nets.d_loss(d, params['generator'], reals, rng, scale)
   d_params, d_opt, scale_state, loss, aux = descend(
-      loss_fn, params['discriminator'], state.opt_state['discriminator'], tx, scale_state)
-  return state.replace(
+    loss_fn, params['discriminator'], state.opt_state['discriminator'], tx, scale_state
+  )
+  return (
+    state.replace(
       params={**params, 'discriminator': d_params},
       opt_state={**state.opt_state, 'discriminator': d_opt},
-      loss_scale=None if scale_state is None else {**state.loss_scale,
-                                                   'discriminator': scale_state},
-  ), loss, aux
+      loss_scale=None
+      if scale_state is None
+      else {**state.loss_scale, 'discriminator': scale_state},
+    ),
+    loss,
+    aux,
+  )
 
 
 def g_step(nets, tx, state, n, rng):
@@ -267,12 +294,17 @@ def g_step(nets, tx, state, n, rng):
   scale_state = None if state.loss_scale is None else state.loss_scale['generator']
   loss_fn = lambda g: nets.g_loss(g, params['discriminator'], n, rng)
   g_params, g_opt, scale_state, loss, aux = descend(
-      loss_fn, params['generator'], state.opt_state['generator'], tx, scale_state)
-  return state.replace(
+    loss_fn, params['generator'], state.opt_state['generator'], tx, scale_state
+  )
+  return (
+    state.replace(
       params={**params, 'generator': g_params},
       opt_state={**state.opt_state, 'generator': g_opt},
       loss_scale=None if scale_state is None else {**state.loss_scale, 'generator': scale_state},
-  ), loss, aux
+    ),
+    loss,
+    aux,
+  )
 
 
 def trainer(cfg, policy):
@@ -289,10 +321,14 @@ def trainer(cfg, policy):
     scales = None
     if policy.loss_scaling:
       scales = {'generator': policy.initial_scale(), 'discriminator': policy.initial_scale()}
-    return GANState(step=jnp.zeros((), jnp.int32), params=params,
-                    ema=jax.tree.map(jnp.copy, g_params),
-                    w_avg=jnp.zeros((cfg['latent_size'],), jnp.float32),
-                    opt_state={k: tx.init(v) for k, v in params.items()}, loss_scale=scales)
+    return GANState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      ema=jax.tree.map(jnp.copy, g_params),
+      w_avg=jnp.zeros((cfg['latent_size'],), jnp.float32),
+      opt_state={k: tx.init(v) for k, v in params.items()},
+      loss_scale=scales,
+    )
 
   def step(state, batch, rng):
     rng = jax.random.fold_in(rng, state.step)
@@ -302,18 +338,22 @@ def trainer(cfg, policy):
     state, d_loss, d_aux = d_step(nets, tx, state, reals, d_rng)
     state, g_loss, g_aux = g_step(nets, tx, state, n, g_rng)
     beta = ema_beta(cfg, n)
-    ema = jax.tree.map(lambda avg, p: beta * avg + (1.0 - beta) * p,
-                       state.ema, state.params['generator'])
+    ema = jax.tree.map(
+      lambda avg, p: beta * avg + (1.0 - beta) * p, state.ema, state.params['generator']
+    )
     # The reference updates dlatent_avg every time G runs in training: here twice a step.
     w_avg = state.w_avg
     for w_mean in (d_aux['w_mean'], g_aux['w_mean']):
       w_avg = cfg['dlatent_avg_beta'] * w_avg + (1.0 - cfg['dlatent_avg_beta']) * w_mean
     state = state.replace(step=state.step + 1, ema=ema, w_avg=w_avg)
-    return state, {'loss': g_loss + d_loss, 'g_loss': g_loss, 'd_loss': d_loss,
-                   'r1': d_aux['r1']}
+    return state, {'loss': g_loss + d_loss, 'g_loss': g_loss, 'd_loss': d_loss, 'r1': d_aux['r1']}
 
-  return wl.Trainer(init=init, make_batch=lambda rng, n: make_batch(cfg, rng, n), step=step,
-                    param_groups=lambda state: dict(state.params))
+  return wl.Trainer(
+    init=init,
+    make_batch=lambda rng, n: make_batch(cfg, rng, n),
+    step=step,
+    param_groups=lambda state: dict(state.params),
+  )
 
 
 def _conv(k, cin, cout, hw):
@@ -366,25 +406,37 @@ def flops_per_example(cfg):
 
 
 STYLEGAN_CONFIG = dict(
-    resolution=1024, fmap_base=8192, fmap_max=512, latent_size=512, mapping_layers=8,
-    mapping_lrmul=0.01, style_mixing_prob=0.9, mbstd_group_size=4, mbstd_features=1,
-    fused_min_res=128, r1_gamma=10.0, lr=0.003, ema_kimg=10.0, dlatent_avg_beta=0.995,
+  resolution=1024,
+  fmap_base=8192,
+  fmap_max=512,
+  latent_size=512,
+  mapping_layers=8,
+  mapping_lrmul=0.01,
+  style_mixing_prob=0.9,
+  mbstd_group_size=4,
+  mbstd_features=1,
+  fused_min_res=128,
+  r1_gamma=10.0,
+  lr=0.003,
+  ema_kimg=10.0,
+  dlatent_avg_beta=0.995,
 )
 # 8x8 keeps one block of each kind (XLA's CPU compile time grows with the layer count);
 # fused_min_res=8 runs the fused resampling convolutions the full size uses from 128 up.
-STYLEGAN_TINY = dict(resolution=8, fmap_base=64, fmap_max=16, latent_size=16,
-                     mapping_layers=2, fused_min_res=8)
+STYLEGAN_TINY = dict(
+  resolution=8, fmap_base=64, fmap_max=16, latent_size=16, mapping_layers=2, fused_min_res=8
+)
 
 STYLEGAN = wl.Workload(
-    name='stylegan',
-    description='StyleGAN v1 config F at 1024x1024: D step with R1, G step, EMA of G',
-    unit='images',
-    throughput_unit='images/s',
-    config=STYLEGAN_CONFIG,
-    tiny=STYLEGAN_TINY,
-    trainer=trainer,
-    flops_per_example=flops_per_example,
-    default_precision='fp32',
-    family='image',
-    adversarial=True,
+  name='stylegan',
+  description='StyleGAN v1 config F at 1024x1024: D step with R1, G step, EMA of G',
+  unit='images',
+  throughput_unit='images/s',
+  config=STYLEGAN_CONFIG,
+  tiny=STYLEGAN_TINY,
+  trainer=trainer,
+  flops_per_example=flops_per_example,
+  default_precision='fp32',
+  family='image',
+  adversarial=True,
 )

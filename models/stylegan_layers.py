@@ -39,8 +39,9 @@ def blur(x_NxHxWxC):
   c = x_NxHxWxC.shape[-1]
   f = np.outer([1.0, 2.0, 1.0], [1.0, 2.0, 1.0]) / 16.0
   kernel = jnp.asarray(np.tile(f[:, :, None, None], (1, 1, 1, c)), x_NxHxWxC.dtype)
-  return jax.lax.conv_general_dilated(x_NxHxWxC, kernel, (1, 1), ((1, 1), (1, 1)),
-                                      dimension_numbers=_NHWC, feature_group_count=c)
+  return jax.lax.conv_general_dilated(
+    x_NxHxWxC, kernel, (1, 1), ((1, 1), (1, 1)), dimension_numbers=_NHWC, feature_group_count=c
+  )
 
 
 def upscale(x_NxHxWxC):
@@ -124,11 +125,13 @@ class EqConv(nn.Module):
     x = x_NxHxWxC.astype(self.dtype)
     same = ((k // 2, k // 2),) * 2
     conv = lambda x, w, **kw: jax.lax.conv_general_dilated(
-        x, w.astype(self.dtype), dimension_numbers=_NHWC, **kw)
+      x, w.astype(self.dtype), dimension_numbers=_NHWC, **kw
+    )
     if self.resample == 'up' and self.fused:
       # Input dilation by 2 plus the 4x4 kernel: a transposed convolution.
-      y = conv(x, _summed_shifts(w), window_strides=(1, 1), padding=((2, 2), (2, 2)),
-               lhs_dilation=(2, 2))
+      y = conv(
+        x, _summed_shifts(w), window_strides=(1, 1), padding=((2, 2), (2, 2)), lhs_dilation=(2, 2)
+      )
     elif self.resample == 'down' and self.fused:
       y = conv(x, _summed_shifts(w) * 0.25, window_strides=(2, 2), padding=((1, 1), (1, 1)))
     else:

@@ -45,15 +45,21 @@ class PostLNLayer(nn.Module):
 
   def _attend(self, name, q_in, kv_in, mask, train):
     attention = nn.MultiHeadDotProductAttention(
-        num_heads=self.heads, dtype=self.dtype, dropout_rate=self.attention_dropout,
-        deterministic=not train, name=name)
+      num_heads=self.heads,
+      dtype=self.dtype,
+      dropout_rate=self.attention_dropout,
+      deterministic=not train,
+      name=name,
+    )
     return attention(q_in, kv_in, mask=mask)
 
   @nn.compact
   def __call__(self, x, self_mask, train, memory=None, memory_mask=None):
     drop = lambda y: nn.Dropout(self.dropout, deterministic=not train)(y)
     norm = lambda name: nn.LayerNorm(epsilon=self.ln_eps, dtype=self.dtype, name=name)
-    x = norm('self_attention_norm')(x + drop(self._attend('self_attention', x, x, self_mask, train)))
+    x = norm('self_attention_norm')(
+      x + drop(self._attend('self_attention', x, x, self_mask, train))
+    )
     if self.cross_attention:
       y = self._attend('cross_attention', x, memory, memory_mask, train)
       x = norm('cross_attention_norm')(x + drop(y))
@@ -79,17 +85,22 @@ class TransformerBig(nn.Module):
   def __call__(self, batch, train):
     cfg = self.cfg
     d = cfg['d_model']
-    embed = nn.Embed(cfg['vocab'], d, embedding_init=nn.initializers.normal(d**-0.5),
-                     dtype=self.dtype, name='shared_embedding')
+    embed = nn.Embed(
+      cfg['vocab'],
+      d,
+      embedding_init=nn.initializers.normal(d**-0.5),
+      dtype=self.dtype,
+      name='shared_embedding',
+    )
     drop = nn.Dropout(cfg['dropout'], deterministic=not train)
-    layer = functools.partial(PostLNLayer, heads=cfg['heads'], ffn=cfg['ffn'],
-                              dropout=cfg['dropout'], dtype=self.dtype)
+    layer = functools.partial(
+      PostLNLayer, heads=cfg['heads'], ffn=cfg['ffn'], dropout=cfg['dropout'], dtype=self.dtype
+    )
 
     def embed_tokens(tokens_BxL):
       x = embed(tokens_BxL) * math.sqrt(d)  # fairseq scales token embeddings by sqrt(d)
       x = x + sinusoidal_positions(tokens_BxL.shape[1], d)[None]
       return drop(x.astype(self.dtype))
-
 
     src_BxS, tgt_in_BxT = batch['source'], batch['target_in']
     src_valid = src_BxS != PAD
@@ -100,13 +111,15 @@ class TransformerBig(nn.Module):
     memory_BxSxD = x
 
     tgt_valid = tgt_in_BxT != PAD
-    dec_mask = nn.combine_masks(nn.make_attention_mask(tgt_valid, tgt_valid),
-                                nn.make_causal_mask(tgt_in_BxT))
+    dec_mask = nn.combine_masks(
+      nn.make_attention_mask(tgt_valid, tgt_valid), nn.make_causal_mask(tgt_in_BxT)
+    )
     cross_mask = nn.make_attention_mask(tgt_valid, src_valid)
     y = embed_tokens(tgt_in_BxT)
     for i in range(cfg['decoder_layers']):
       y = layer(name=f'decoder_{i}', cross_attention=True)(
-          y, dec_mask, train, memory=memory_BxSxD, memory_mask=cross_mask)
+        y, dec_mask, train, memory=memory_BxSxD, memory_mask=cross_mask
+      )
     return embed.attend(y)  # logits_BxTxV through the shared embedding
 
 
@@ -128,13 +141,17 @@ def make_batch(cfg, rng, n):
   source = jax.random.randint(src_rng, (n, cfg['src_len']), 1, cfg['vocab'], jnp.int32)
   target = jax.random.randint(tgt_rng, (n, cfg['tgt_len']), 1, cfg['vocab'], jnp.int32)
   eos = jnp.full((n, 1), 2, jnp.int32)  # decoder input starts with EOS, as fairseq's
-  return {'source': source, 'target_in': jnp.concatenate([eos, target[:, :-1]], axis=1),
-          'target': target}
+  return {
+    'source': source,
+    'target_in': jnp.concatenate([eos, target[:, :-1]], axis=1),
+    'target': target,
+  }
 
 
 def loss(cfg, logits, batch):
-  value, nll = label_smoothed_nll(logits, batch['target'], cfg['label_smoothing'],
-                                  (batch['target'] != PAD).astype(jnp.float32))
+  value, nll = label_smoothed_nll(
+    logits, batch['target'], cfg['label_smoothing'], (batch['target'] != PAD).astype(jnp.float32)
+  )
   return value, {'nll': nll}
 
 
@@ -160,31 +177,52 @@ def flops_per_example(cfg):
   enc_token = 8 * d * d + 4 * d * f + 4 * s * d  # QKVO, FFN, scores and weighted sum
   dec_token = (8 * d * d + 4 * t * d) + (4 * d * d + 4 * s * d) + 4 * d * f + 2 * d * v
   cross_kv_per_src_token = 4 * d * d
-  forward = (cfg['encoder_layers'] * s * enc_token
-             + cfg['decoder_layers'] * (t * (dec_token - 2 * d * v) + s * cross_kv_per_src_token)
-             + t * 2 * d * v)
+  forward = (
+    cfg['encoder_layers'] * s * enc_token
+    + cfg['decoder_layers'] * (t * (dec_token - 2 * d * v) + s * cross_kv_per_src_token)
+    + t * 2 * d * v
+  )
   return 3.0 * forward
 
 
 TRANSFORMER_BIG = wl.Workload(
-    name='transformer_big',
-    description='Transformer Big (fairseq transformer_vaswani_wmt_en_de_big), WMT en-de, FP16',
-    unit='tokens',
-    throughput_unit='target tokens/s',
-    config=dict(
-        vocab=32768,  # fairseq's joint en-de BPE dictionary, shared by all embeddings
-        d_model=1024, ffn=4096, heads=16, encoder_layers=6, decoder_layers=6,
-        dropout=0.3, label_smoothing=0.1, lr=1e-3, warmup=4000,
-        # Fixed sentence length. The mean BPE'd WMT en-de sentence (end-of-sentence
-        # included) is near 30 tokens; see README "transformer_big".
-        src_len=30, tgt_len=30,
-    ),
-    tiny=dict(vocab=96, d_model=32, ffn=64, heads=4, encoder_layers=2, decoder_layers=2,
-              lr=3e-3, warmup=1, src_len=8, tgt_len=8, dropout=0.1),
-    trainer=wl.supervised(lambda cfg, dtype: TransformerBig(cfg, dtype), make_batch, loss, optimizer),
-    flops_per_example=flops_per_example,
-    # max_tokens counts padded tokens of the longer side: sentences x max(S, T).
-    example_size=lambda cfg: max(cfg['src_len'], cfg['tgt_len']),
-    units_per_example=lambda cfg: cfg['tgt_len'],
-    default_precision='fp16',
+  name='transformer_big',
+  description='Transformer Big (fairseq transformer_vaswani_wmt_en_de_big), WMT en-de, FP16',
+  unit='tokens',
+  throughput_unit='target tokens/s',
+  config=dict(
+    vocab=32768,  # fairseq's joint en-de BPE dictionary, shared by all embeddings
+    d_model=1024,
+    ffn=4096,
+    heads=16,
+    encoder_layers=6,
+    decoder_layers=6,
+    dropout=0.3,
+    label_smoothing=0.1,
+    lr=1e-3,
+    warmup=4000,
+    # Fixed sentence length. The mean BPE'd WMT en-de sentence (end-of-sentence
+    # included) is near 30 tokens; see README "transformer_big".
+    src_len=30,
+    tgt_len=30,
+  ),
+  tiny=dict(
+    vocab=96,
+    d_model=32,
+    ffn=64,
+    heads=4,
+    encoder_layers=2,
+    decoder_layers=2,
+    lr=3e-3,
+    warmup=1,
+    src_len=8,
+    tgt_len=8,
+    dropout=0.1,
+  ),
+  trainer=wl.supervised(lambda cfg, dtype: TransformerBig(cfg, dtype), make_batch, loss, optimizer),
+  flops_per_example=flops_per_example,
+  # max_tokens counts padded tokens of the longer side: sentences x max(S, T).
+  example_size=lambda cfg: max(cfg['src_len'], cfg['tgt_len']),
+  units_per_example=lambda cfg: cfg['tgt_len'],
+  default_precision='fp16',
 )

@@ -35,8 +35,9 @@ class VGG19Features(nn.Module):
   def __call__(self, x_BxHxWx3) -> Sequence[jax.Array]:
     # He-normal keeps random ReLU features at a steady scale through 13 layers.
     he = nn.initializers.variance_scaling(2.0, 'fan_in', 'normal')
-    conv = lambda ch, name: nn.Conv(ch, (3, 3), padding=1, dtype=self.dtype, kernel_init=he,
-                                    name=name)
+    conv = lambda ch, name: nn.Conv(
+      ch, (3, 3), padding=1, dtype=self.dtype, kernel_init=he, name=name
+    )
     x = x_BxHxWx3.astype(self.dtype)
     features = []
     for stage, (convs, mult) in enumerate(zip(STAGE_CONVS, STAGE_WIDTHS), start=1):

@@ -49,13 +49,25 @@ class ConvBN(nn.Module):
 
   @nn.compact
   def __call__(self, x, train):
-    x = nn.Conv(self.features, (self.kernel, self.kernel), strides=self.stride,
-                kernel_dilation=self.rate, padding=fixed_padding(self.kernel, self.rate),
-                feature_group_count=x.shape[-1] if self.depthwise else 1, use_bias=False,
-                kernel_init=self.kernel_init, dtype=self.dtype,
-                name='depthwise' if self.depthwise else 'conv')(x)
-    x = nn.BatchNorm(use_running_average=not train, momentum=BN_DECAY, epsilon=self.bn_eps,
-                     dtype=self.dtype, name='bn')(x)
+    x = nn.Conv(
+      self.features,
+      (self.kernel, self.kernel),
+      strides=self.stride,
+      kernel_dilation=self.rate,
+      padding=fixed_padding(self.kernel, self.rate),
+      feature_group_count=x.shape[-1] if self.depthwise else 1,
+      use_bias=False,
+      kernel_init=self.kernel_init,
+      dtype=self.dtype,
+      name='depthwise' if self.depthwise else 'conv',
+    )(x)
+    x = nn.BatchNorm(
+      use_running_average=not train,
+      momentum=BN_DECAY,
+      epsilon=self.bn_eps,
+      dtype=self.dtype,
+      name='bn',
+    )(x)
     return x if self.activation is None else self.activation(x)
 
 
@@ -73,11 +85,27 @@ class SeparableConv(nn.Module):
 
   @nn.compact
   def __call__(self, x, train):
-    x = ConvBN(x.shape[-1], 3, self.stride, self.rate, depthwise=True,
-               activation=self.activation, bn_eps=self.bn_eps, kernel_init=self.depthwise_init,
-               dtype=self.dtype, name='depthwise')(x, train)
-    return ConvBN(self.features, 1, activation=self.activation, bn_eps=self.bn_eps,
-                  kernel_init=self.pointwise_init, dtype=self.dtype, name='pointwise')(x, train)
+    x = ConvBN(
+      x.shape[-1],
+      3,
+      self.stride,
+      self.rate,
+      depthwise=True,
+      activation=self.activation,
+      bn_eps=self.bn_eps,
+      kernel_init=self.depthwise_init,
+      dtype=self.dtype,
+      name='depthwise',
+    )(x, train)
+    return ConvBN(
+      self.features,
+      1,
+      activation=self.activation,
+      bn_eps=self.bn_eps,
+      kernel_init=self.pointwise_init,
+      dtype=self.dtype,
+      name='pointwise',
+    )(x, train)
 
 
 class XceptionModule(nn.Module):
@@ -103,14 +131,20 @@ class XceptionModule(nn.Module):
     for i, depth in enumerate(self.depths):
       if not self.activation_in_separable:
         x = nn.relu(x)
-      x = SeparableConv(depth, stride=self.stride if i == 2 else 1, rate=self.rate,
-                        activation=nn.relu if self.activation_in_separable else None,
-                        dtype=self.dtype, name=f'separable_conv{i + 1}')(x, train)
+      x = SeparableConv(
+        depth,
+        stride=self.stride if i == 2 else 1,
+        rate=self.rate,
+        activation=nn.relu if self.activation_in_separable else None,
+        dtype=self.dtype,
+        name=f'separable_conv{i + 1}',
+      )(x, train)
       if i == 1:
         second = x
     if self.skip == 'conv':
-      x = x + ConvBN(self.depths[-1], 1, self.stride, activation=None, dtype=self.dtype,
-                     name='shortcut')(inputs, train)
+      x = x + ConvBN(
+        self.depths[-1], 1, self.stride, activation=None, dtype=self.dtype, name='shortcut'
+      )(inputs, train)
     elif self.skip == 'sum':
       x = x + inputs
     return x, second
@@ -121,10 +155,12 @@ def xception_units(cfg):
   e1, e2, e3 = cfg['entry_depths']
   x1, x2 = cfg['exit_depths']
   mid = (cfg['middle_depth'],) * 3
-  units = [('entry_flow_block1', e1, 'conv', 2, False), ('entry_flow_block2', e2, 'conv', 2, False),
-           ('entry_flow_block3', e3, 'conv', 2, False)]
-  units += [(f'middle_flow_unit{i + 1}', mid, 'sum', 1, False)
-            for i in range(cfg['middle_blocks'])]
+  units = [
+    ('entry_flow_block1', e1, 'conv', 2, False),
+    ('entry_flow_block2', e2, 'conv', 2, False),
+    ('entry_flow_block3', e3, 'conv', 2, False),
+  ]
+  units += [(f'middle_flow_unit{i + 1}', mid, 'sum', 1, False) for i in range(cfg['middle_blocks'])]
   units += [('exit_flow_block1', x1, 'conv', 2, False), ('exit_flow_block2', x2, 'none', 1, True)]
   return units
 
@@ -166,8 +202,9 @@ class Xception65(nn.Module):
     low_level = None
     for unit, (stride, rate) in zip(units, dense_strides(units, cfg['output_stride'])):
       name, depths, skip, _, act_in_sep = unit
-      x, second = XceptionModule(depths, skip, stride, rate, act_in_sep, dtype=self.dtype,
-                                 name=name)(x, train)
+      x, second = XceptionModule(
+        depths, skip, stride, rate, act_in_sep, dtype=self.dtype, name=name
+      )(x, train)
       if name == 'entry_flow_block2':
         low_level = second
     return x, low_level
@@ -188,8 +225,9 @@ def xception_forward_flops(cfg, size: int) -> tuple[float, int, int]:
   flops += conv(3, 3, stem1, s) + conv(3, stem1, stem2, s)
   cin, low_level_size = stem2, None
   units = xception_units(cfg)
-  for (name, depths, skip, _, _), (stride, _) in zip(units, dense_strides(units,
-                                                                          cfg['output_stride'])):
+  for (name, depths, skip, _, _), (stride, _) in zip(
+    units, dense_strides(units, cfg['output_stride'])
+  ):
     s_out = out_size(s, stride)
     flops += separable(cin, depths[0], s) + separable(depths[0], depths[1], s)
     flops += separable(depths[1], depths[2], s_out)

@@ -7,7 +7,7 @@ gradient, max length 1.3 x L + 5) and is trained on generated -> original. Each 
 the four is its own optimizer update, and the generation is compiled with the rest.
 """
 
-from typing import Any, Callable, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +40,8 @@ def make_batch(cfg, rng, n):
 def cross_entropy(logits_BxTxV, targets_BxT):
   """XLM's PredLayer loss: mean cross-entropy over the predicted (non-pad) tokens."""
   per_token = optax.softmax_cross_entropy_with_integer_labels(
-      logits_BxTxV.astype(jnp.float32), targets_BxT)
+    logits_BxTxV.astype(jnp.float32), targets_BxT
+  )
   weights = (targets_BxT != PAD).astype(jnp.float32)
   return (per_token * weights).sum() / jnp.maximum(weights.sum(), 1.0)
 
@@ -48,8 +49,9 @@ def cross_entropy(logits_BxTxV, targets_BxT):
 def optimizer(cfg):
   """XLM's adam_inverse_sqrt (betas 0.9/0.98) after clip_grad_norm (default 5) over all params."""
   schedule = transformer.inverse_sqrt(cfg['lr'], cfg['warmup'])
-  return optax.chain(optax.clip_by_global_norm(cfg['clip_norm']),
-                     optax.adam(schedule, b1=0.9, b2=0.98, eps=1e-8))
+  return optax.chain(
+    optax.clip_by_global_norm(cfg['clip_norm']), optax.adam(schedule, b1=0.9, b2=0.98, eps=1e-8)
+  )
 
 
 def generate(module, params, src_BxS, src_lang, tgt_lang, length):
@@ -75,8 +77,9 @@ def generate(module, params, src_BxS, src_lang, tgt_lang, length):
   def next_token(carry):
     t, tokens, cache, unfinished = carry
     last = jax.lax.dynamic_slice_in_dim(tokens, t - 1, 1, axis=1)
-    logits, cache = apply(EncoderDecoder.decode_step, last, t - 1, tgt_lang, cache, memory_kv,
-                          src_valid)
+    logits, cache = apply(
+      EncoderDecoder.decode_step, last, t - 1, tgt_lang, cache, memory_kv, src_valid
+    )
     word = jnp.argmax(logits.astype(jnp.float32), axis=-1).astype(jnp.int32)
     column = jnp.where(unfinished, word, PAD)
     tokens = jax.lax.dynamic_update_slice_in_dim(tokens, column[:, None], t, axis=1)
@@ -105,17 +108,30 @@ def build(cfg, policy) -> Parts:
   def init(rng):
     params_rng, dropout_rng = jax.random.split(rng)
     src = jnp.full((1, cfg['seq_len'] + 2), EOS, jnp.int32)
-    params = module.init({'params': params_rng, 'dropout': dropout_rng},
-                         src, EN, src[:, :-1], FR, False)['params']
-    return wl.TrainState(step=jnp.zeros((), jnp.int32), params=params, model_state={},
-                         opt_state=tx.init(params), loss_scale=policy.initial_scale())
+    params = module.init(
+      {'params': params_rng, 'dropout': dropout_rng}, src, EN, src[:, :-1], FR, False
+    )['params']
+    return wl.TrainState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      model_state={},
+      opt_state=tx.init(params),
+      loss_scale=policy.initial_scale(),
+    )
 
   def update(state, src_BxS, src_lang, tgt_BxT, tgt_lang, rng):
     """One supervised optimizer update: predict tgt[1:] from src and tgt[:-1]."""
 
     def loss_fn(params):
-      logits = module.apply({'params': params}, src_BxS, src_lang, tgt_BxT[:, :-1], tgt_lang,
-                            True, rngs={'dropout': rng})
+      logits = module.apply(
+        {'params': params},
+        src_BxS,
+        src_lang,
+        tgt_BxT[:, :-1],
+        tgt_lang,
+        True,
+        rngs={'dropout': rng},
+      )
       return cross_entropy(logits, tgt_BxT[:, 1:])
 
     if state.loss_scale is None:
@@ -141,7 +157,8 @@ def build(cfg, policy) -> Parts:
     """Back-translation lang1 -> lang2 -> lang1; also returns the generated source."""
     # Generation reads the parameters outside the differentiated loss: no gradient.
     generated = jax.lax.stop_gradient(
-        generate(module, state.params, sentences_BxL, lang1, lang2, gen_len))
+      generate(module, state.params, sentences_BxL, lang1, lang2, gen_len)
+    )
     state, value = update(state, generated, lang2, sentences_BxL, lang1, rng)
     return state, value, generated
 
@@ -178,8 +195,11 @@ def trainer(cfg, policy) -> wl.Trainer:
 
     state, ae_losses = jax.lax.scan(ae_body, state, (batch['ae'], langs, ae_rngs))
     state, bt_losses = jax.lax.scan(bt_body, state, (batch['bt'], langs, bt_rngs))
-    metrics = {'loss': (ae_losses.sum() + bt_losses.sum()) / 4,
-               'ae_loss': ae_losses.mean(), 'bt_loss': bt_losses.mean()}
+    metrics = {
+      'loss': (ae_losses.sum() + bt_losses.sum()) / 4,
+      'ae_loss': ae_losses.mean(),
+      'bt_loss': bt_losses.mean(),
+    }
     return state.replace(step=state.step + 1), metrics
 
   return wl.Trainer(init=parts.init, make_batch=lambda rng, n: make_batch(cfg, rng, n), step=step)
@@ -210,26 +230,37 @@ def flops_per_example(cfg):
 
 
 UNSUPMT = wl.Workload(
-    name='unsupmt',
-    description='XLM unsupervised MT en-fr: 2 denoising AE + 2 online back-translation steps',
-    unit='tokens',
-    throughput_unit='target tokens/s',
-    config=dict(
-        vocab=64139,  # XLM's en-fr joint BPE dictionary (60k codes), n_words of mlm_enfr_1024
-        d_model=1024, ffn=4096, heads=8, layers=6, max_positions=512, n_langs=2,
-        dropout=0.1, attention_dropout=0.1,
-        word_shuffle=3.0, word_dropout=0.1, word_blank=0.1,
-        lr=1e-4, warmup=4000, clip_norm=5.0,
-        # Fixed BPE tokens per sentence (EOS excluded): NewsCrawl sentences average
-        # ~25 Moses tokens, which XLM's 60k BPE stretches to ~28; see README "unsupmt".
-        seq_len=28,
-    ),
-    tiny=dict(vocab=64, d_model=32, ffn=64, heads=4, layers=2, max_positions=32,
-              lr=3e-3, warmup=20, seq_len=6),
-    trainer=trainer,
-    flops_per_example=flops_per_example,
-    # tokens_per_batch counts each sentence's length + 2 (its two EOS).
-    example_size=lambda cfg: cfg['seq_len'] + 2,
-    # XLM's processed_w: len - 1 predicted tokens per sentence in each of the four steps.
-    units_per_example=lambda cfg: 4 * (cfg['seq_len'] + 1),
+  name='unsupmt',
+  description='XLM unsupervised MT en-fr: 2 denoising AE + 2 online back-translation steps',
+  unit='tokens',
+  throughput_unit='target tokens/s',
+  config=dict(
+    vocab=64139,  # XLM's en-fr joint BPE dictionary (60k codes), n_words of mlm_enfr_1024
+    d_model=1024,
+    ffn=4096,
+    heads=8,
+    layers=6,
+    max_positions=512,
+    n_langs=2,
+    dropout=0.1,
+    attention_dropout=0.1,
+    word_shuffle=3.0,
+    word_dropout=0.1,
+    word_blank=0.1,
+    lr=1e-4,
+    warmup=4000,
+    clip_norm=5.0,
+    # Fixed BPE tokens per sentence (EOS excluded): NewsCrawl sentences average
+    # ~25 Moses tokens, which XLM's 60k BPE stretches to ~28; see README "unsupmt".
+    seq_len=28,
+  ),
+  tiny=dict(
+    vocab=64, d_model=32, ffn=64, heads=4, layers=2, max_positions=32, lr=3e-3, warmup=20, seq_len=6
+  ),
+  trainer=trainer,
+  flops_per_example=flops_per_example,
+  # tokens_per_batch counts each sentence's length + 2 (its two EOS).
+  example_size=lambda cfg: cfg['seq_len'] + 2,
+  # XLM's processed_w: len - 1 predicted tokens per sentence in each of the four steps.
+  units_per_example=lambda cfg: 4 * (cfg['seq_len'] + 1),
 )

@@ -32,7 +32,8 @@ class Attention(nn.Module):
   def setup(self):
     dense = functools.partial(nn.Dense, self.dim, dtype=self.dtype)
     self.q_lin, self.k_lin, self.v_lin, self.out_lin = (
-        dense(name=n) for n in ('q_lin', 'k_lin', 'v_lin', 'out_lin'))
+      dense(name=n) for n in ('q_lin', 'k_lin', 'v_lin', 'out_lin')
+    )
     self.weights_dropout = nn.Dropout(self.dropout)
 
   def _split(self, x_BxLxD):
@@ -62,8 +63,9 @@ class Layer(nn.Module):
 
   def setup(self):
     cfg = self.cfg
-    attention = functools.partial(Attention, cfg['d_model'], cfg['heads'],
-                                  cfg['attention_dropout'], self.dtype)
+    attention = functools.partial(
+      Attention, cfg['d_model'], cfg['heads'], cfg['attention_dropout'], self.dtype
+    )
     norm = functools.partial(nn.LayerNorm, epsilon=LN_EPS, dtype=self.dtype)
     self.attention, self.layer_norm1 = attention(), norm()
     if self.cross:
@@ -101,21 +103,26 @@ class Transformer(nn.Module):
   def setup(self):
     cfg = self.cfg
     d = cfg['d_model']
-    embed = functools.partial(nn.Embed, features=d, dtype=self.dtype,
-                              embedding_init=nn.initializers.normal(d**-0.5))
+    embed = functools.partial(
+      nn.Embed, features=d, dtype=self.dtype, embedding_init=nn.initializers.normal(d**-0.5)
+    )
     self.embeddings = embed(cfg['vocab'])
     self.position_embeddings = embed(cfg['max_positions'])
     self.lang_embeddings = embed(cfg['n_langs'])
     self.layer_norm_emb = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype)
     self.dropout = nn.Dropout(cfg['dropout'])
-    self.layers = [Layer(cfg, self.is_decoder, self.dtype, name=f'layer_{i}')
-                   for i in range(cfg['layers'])]
+    self.layers = [
+      Layer(cfg, self.is_decoder, self.dtype, name=f'layer_{i}') for i in range(cfg['layers'])
+    ]
     if self.is_decoder:
       self.pred_bias = self.param('pred_bias', nn.initializers.zeros, (cfg['vocab'],))
 
   def _embed(self, tokens_BxL, positions, lang, train):
-    x = (self.embeddings(tokens_BxL) + self.position_embeddings(positions)
-         + self.lang_embeddings(jnp.asarray(lang, jnp.int32)))
+    x = (
+      self.embeddings(tokens_BxL)
+      + self.position_embeddings(positions)
+      + self.lang_embeddings(jnp.asarray(lang, jnp.int32))
+    )
     return self.dropout(self.layer_norm_emb(x), deterministic=not train)
 
   def encode(self, tokens_BxS, lang, train):
@@ -149,8 +156,9 @@ class Transformer(nn.Module):
     memory_mask = src_valid_BxS[:, None, None, :]
     new_cache = []
     for layer, layer_cache, (k, v) in zip(self.layers, cache, memory_kv):
-      x, layer_cache = layer(x, mask, False, cache=layer_cache, index=index,
-                             cross=(k, v, memory_mask))
+      x, layer_cache = layer(
+        x, mask, False, cache=layer_cache, index=index, cross=(k, v, memory_mask)
+      )
       new_cache.append(layer_cache)
     return self.logits(x)[:, 0], new_cache
 

@@ -11,13 +11,21 @@ from jaxbench import workload as wl
 from models import rbg_init, yolo_targets
 
 # yolov3.cfg's nine COCO anchors in pixels of the 608x608 network input, smallest first.
-COCO_ANCHORS = ((10, 13), (16, 30), (33, 23), (30, 61), (62, 45), (59, 119), (116, 90),
-                (156, 198), (373, 326))
+COCO_ANCHORS = (
+  (10, 13),
+  (16, 30),
+  (33, 23),
+  (30, 61),
+  (62, 45),
+  (59, 119),
+  (116, 90),
+  (156, 198),
+  (373, 326),
+)
 # Outputs come coarsest first (strides 32, 16, 8); each takes three anchors.
 ANCHOR_MASKS = ((6, 7, 8), (3, 4, 5), (0, 1, 2))
 # darknet's weight init: uniform in +-sqrt(2 / fan_in), i.e. variance 2 / (3 fan_in).
-DARKNET_INIT = rbg_init.rbg(
-    nn.initializers.variance_scaling(2.0 / 3.0, 'fan_in', 'uniform'))
+DARKNET_INIT = rbg_init.rbg(nn.initializers.variance_scaling(2.0 / 3.0, 'fan_in', 'uniform'))
 
 
 class ConvBNLeaky(nn.Module):
@@ -31,12 +39,20 @@ class ConvBNLeaky(nn.Module):
   @nn.compact
   def __call__(self, x, train):
     pad = self.kernel // 2
-    x = nn.Conv(self.features, (self.kernel, self.kernel), strides=self.stride,
-                padding=((pad, pad), (pad, pad)), use_bias=False, kernel_init=DARKNET_INIT,
-                dtype=self.dtype, name='conv')(x)
+    x = nn.Conv(
+      self.features,
+      (self.kernel, self.kernel),
+      strides=self.stride,
+      padding=((pad, pad), (pad, pad)),
+      use_bias=False,
+      kernel_init=DARKNET_INIT,
+      dtype=self.dtype,
+      name='conv',
+    )(x)
     # darknet's rolling statistics: 0.99 * old + 0.01 * batch.
-    x = nn.BatchNorm(use_running_average=not train, momentum=0.99, epsilon=1e-5,
-                     dtype=self.dtype, name='bn')(x)
+    x = nn.BatchNorm(
+      use_running_average=not train, momentum=0.99, epsilon=1e-5, dtype=self.dtype, name='bn'
+    )(x)
     return nn.leaky_relu(x, 0.1)
 
 
@@ -79,12 +95,13 @@ class YOLOv3(nn.Module):
     cfg, dtype = self.cfg, self.dtype
     images = batch['images'].astype(dtype)
     c3, c4, c5 = Darknet53(cfg['width'], tuple(cfg['blocks']), dtype, name='darknet53')(
-        images, train)
+      images, train
+    )
     conv = lambda f, k, name: ConvBNLeaky(f, k, dtype=dtype, name=name)
     outputs, x = [], c5
     per_anchor = 5 + cfg['classes']
     for s, lateral in enumerate([None, c4, c3]):
-      f = cfg['width'] * 16 // 2 ** s  # 512, 256, 128
+      f = cfg['width'] * 16 // 2**s  # 512, 256, 128
       if lateral is not None:
         x = conv(f, 1, f'route{s}')(x, train)
         x = x.repeat(2, axis=1).repeat(2, axis=2)  # [upsample] stride 2, nearest
@@ -92,8 +109,9 @@ class YOLOv3(nn.Module):
       for i in range(5):
         x = conv(f if i % 2 == 0 else 2 * f, 1 if i % 2 == 0 else 3, f'head{s}_{i}')(x, train)
       y = conv(2 * f, 3, f'head{s}_5')(x, train)
-      y = nn.Conv(3 * per_anchor, (1, 1), kernel_init=DARKNET_INIT, dtype=dtype,
-                  name=f'detect{s}')(y)
+      y = nn.Conv(3 * per_anchor, (1, 1), kernel_init=DARKNET_INIT, dtype=dtype, name=f'detect{s}')(
+        y
+      )
       outputs.append(y.reshape(y.shape[:3] + (3, per_anchor)))
     return outputs
 
@@ -122,8 +140,9 @@ def make_batch(cfg, rng, n):
 
 
 def loss(cfg, outputs, batch):
-  return yolo_targets.yolo_loss(outputs, batch['boxes'], batch['classes'], batch['valid'],
-                                anchors(cfg), ANCHOR_MASKS)
+  return yolo_targets.yolo_loss(
+    outputs, batch['boxes'], batch['classes'], batch['valid'], anchors(cfg), ANCHOR_MASKS
+  )
 
 
 def darknet_schedule(cfg):
@@ -142,9 +161,12 @@ def darknet_schedule(cfg):
 def optimizer(cfg):
   """SGD momentum 0.9; darknet decays convolution weights only (not BN or biases)."""
   decays = lambda params: jax.tree_util.tree_map_with_path(
-      lambda path, _: path[-1].key == 'kernel', params)
-  return optax.chain(optax.add_decayed_weights(cfg['weight_decay'], mask=decays),
-                     optax.sgd(darknet_schedule(cfg), momentum=cfg['momentum']))
+    lambda path, _: path[-1].key == 'kernel', params
+  )
+  return optax.chain(
+    optax.add_decayed_weights(cfg['weight_decay'], mask=decays),
+    optax.sgd(darknet_schedule(cfg), momentum=cfg['momentum']),
+  )
 
 
 def flops_per_example(cfg):
@@ -160,7 +182,7 @@ def flops_per_example(cfg):
     chans.append(c)
   cin, per_anchor = chans[-1], 5 + cfg['classes']
   for s in range(3):
-    f, hw = w * 16 // 2 ** s, sizes[-1 - s]
+    f, hw = w * 16 // 2**s, sizes[-1 - s]
     if s:
       forward += conv(1, cin, f, sizes[-s])
       cin = f + chans[-1 - s]
@@ -171,24 +193,37 @@ def flops_per_example(cfg):
 
 
 YOLOV3_CONFIG = dict(
-    image=608, classes=80, width=32, blocks=(1, 2, 8, 8, 4), anchors=COCO_ANCHORS,
-    max_boxes=50,
-    lr=0.001, burn_in=1000, lr_steps=(400000, 450000), momentum=0.9, weight_decay=5e-4,
+  image=608,
+  classes=80,
+  width=32,
+  blocks=(1, 2, 8, 8, 4),
+  anchors=COCO_ANCHORS,
+  max_boxes=50,
+  lr=0.001,
+  burn_in=1000,
+  lr_steps=(400000, 450000),
+  momentum=0.9,
+  weight_decay=5e-4,
 )
 YOLOV3_TINY = dict(
-    image=64, width=4, blocks=(1, 1, 1, 1, 1), max_boxes=8, lr=0.01, burn_in=0,
-    # The COCO anchors rescaled to the 64x64 input, so they cover the same image fractions.
-    anchors=tuple((a * 64 / 608, b * 64 / 608) for a, b in COCO_ANCHORS),
+  image=64,
+  width=4,
+  blocks=(1, 1, 1, 1, 1),
+  max_boxes=8,
+  lr=0.01,
+  burn_in=0,
+  # The COCO anchors rescaled to the 64x64 input, so they cover the same image fractions.
+  anchors=tuple((a * 64 / 608, b * 64 / 608) for a, b in COCO_ANCHORS),
 )
 
 YOLOV3 = wl.Workload(
-    name='yolov3',
-    description='YOLOv3 (darknet yolov3.cfg): Darknet-53, three scales at 608x608, 80 classes',
-    unit='images',
-    throughput_unit='images/s',
-    config=YOLOV3_CONFIG,
-    tiny=YOLOV3_TINY,
-    trainer=wl.supervised(lambda cfg, dtype: YOLOv3(cfg, dtype), make_batch, loss, optimizer),
-    flops_per_example=flops_per_example,
-    family='image',
+  name='yolov3',
+  description='YOLOv3 (darknet yolov3.cfg): Darknet-53, three scales at 608x608, 80 classes',
+  unit='images',
+  throughput_unit='images/s',
+  config=YOLOV3_CONFIG,
+  tiny=YOLOV3_TINY,
+  trainer=wl.supervised(lambda cfg, dtype: YOLOv3(cfg, dtype), make_batch, loss, optimizer),
+  flops_per_example=flops_per_example,
+  family='image',
 )

@@ -15,10 +15,12 @@ IGNORE_THRESH = 0.5  # yolov3.cfg: predictions overlapping a truth this much are
 
 def wh_iou(wh_Nx2, anchors_Ax2):
   """IoU of boxes and anchors with their centres aligned (darknet's best-anchor test)."""
-  inter = (jnp.minimum(wh_Nx2[..., None, 0], anchors_Ax2[:, 0])
-           * jnp.minimum(wh_Nx2[..., None, 1], anchors_Ax2[:, 1]))
-  union = (wh_Nx2[..., None, 0] * wh_Nx2[..., None, 1]
-           + anchors_Ax2[:, 0] * anchors_Ax2[:, 1] - inter)
+  inter = jnp.minimum(wh_Nx2[..., None, 0], anchors_Ax2[:, 0]) * jnp.minimum(
+    wh_Nx2[..., None, 1], anchors_Ax2[:, 1]
+  )
+  union = (
+    wh_Nx2[..., None, 0] * wh_Nx2[..., None, 1] + anchors_Ax2[:, 0] * anchors_Ax2[:, 1] - inter
+  )
   return inter / jnp.maximum(union, 1e-12)
 
 
@@ -57,20 +59,25 @@ def build_targets(boxes_BxMx4, classes_BxM, valid_BxM, anchors_Ax2, grids, masks
     winner = jnp.full((batch, size), -1, jnp.int32)
     winner = jax.vmap(lambda w, f, i: w.at[f].max(i, mode='drop'))(winner, flat, box_ids)
     assigned = winner >= 0
-    pick = lambda x: jnp.take_along_axis(x, jnp.maximum(winner, 0)[..., None], axis=1)
+    owner = jnp.maximum(winner, 0)[
+      ..., None
+    ]  # the box each cell-anchor slot takes its targets from
+    pick = lambda x, owner=owner: jnp.take_along_axis(x, owner, axis=1)
     per_box_txy = boxes_BxMx4[..., :2] * grid - cell_xy
     # Padding boxes may have zero size; keep their (never used) targets finite.
     safe_wh = jnp.where(valid_BxM[..., None], jnp.maximum(boxes_BxMx4[..., 2:], 1e-9), 1.0)
     per_box_twh = jnp.log(safe_wh / anchors_Ax2[best])
     per_box_weight = 2.0 - boxes_BxMx4[..., 2] * boxes_BxMx4[..., 3]
     shape = (batch, grid, grid, len(mask))
-    targets.append({
+    targets.append(
+      {
         'obj': assigned.astype(jnp.float32).reshape(shape),
         'txy': pick(per_box_txy).reshape(shape + (2,)),
         'twh': pick(per_box_twh).reshape(shape + (2,)),
         'weight': pick(per_box_weight[..., None])[..., 0].reshape(shape),
         'cls': pick(classes_BxM[..., None])[..., 0].reshape(shape),
-    })
+      }
+    )
   return targets
 
 
@@ -123,7 +130,8 @@ def yolo_loss(outputs, boxes_BxMx4, classes_BxM, valid_BxM, anchors_Ax2, masks):
     terms['obj'] += (pos * optax.sigmoid_binary_cross_entropy(raw[..., 4], 1.0)).sum()
     terms['noobj'] += (negative * optax.sigmoid_binary_cross_entropy(raw[..., 4], 0.0)).sum()
     one_hot = jax.nn.one_hot(tgt['cls'], raw.shape[-1] - 5)
-    terms['cls'] += (pos[..., None] * optax.sigmoid_binary_cross_entropy(raw[..., 5:],
-                                                                         one_hot)).sum()
+    terms['cls'] += (
+      pos[..., None] * optax.sigmoid_binary_cross_entropy(raw[..., 5:], one_hot)
+    ).sum()
   terms = {k: v / batch for k, v in terms.items()}
   return sum(terms.values()), terms

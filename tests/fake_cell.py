@@ -14,7 +14,7 @@ from jaxbench import catalog, emulation, report  # noqa: E402
 
 def main(argv):
   args = dict(a[2:].split('=', 1) for a in argv if '=' in a)
-  sets = [a[len('--set='):].split('=', 1) for a in argv if a.startswith('--set=')]
+  sets = [a[len('--set=') :].split('=', 1) for a in argv if a.startswith('--set=')]
   gpus = args['gpus'].split(',') if '--predict' in argv else [args['gpu']]
   if os.environ.get('FAKE_CRASH') == args['model']:
     print('Traceback: the fake cell crashed', flush=True)
@@ -23,12 +23,22 @@ def main(argv):
     time.sleep(3600)
   for gpu in gpus:
     time.sleep(float(os.environ.get('FAKE_SLEEP', '0')))
-    result = {'schema': 'jaxbench.result/1', 'workload': args['model'], 'unit': 'sequences',
-              'throughput_unit': 'sequences/s', 'precision': args['precision'],
-              'tiny': '--tiny' in argv, 'status': 'ok', 'max_batch': 8, 'max_examples': 8,
-              'measurement': {'units_per_s': 100.0}, 'pid': os.getpid()}
-    emulation.annotate(result, catalog.get(gpu), tuple(map(tuple, sets)),
-                       'predict' if '--predict' in argv else 'run')
+    result = {
+      'schema': 'jaxbench.result/1',
+      'workload': args['model'],
+      'unit': 'sequences',
+      'throughput_unit': 'sequences/s',
+      'precision': args['precision'],
+      'tiny': '--tiny' in argv,
+      'status': 'ok',
+      'max_batch': 8,
+      'max_examples': 8,
+      'measurement': {'units_per_s': 100.0},
+      'pid': os.getpid(),
+    }
+    emulation.annotate(
+      result, catalog.get(gpu), tuple(map(tuple, sets)), 'predict' if '--predict' in argv else 'run'
+    )
     report.append_jsonl(args['output'], result)
   return 0
 

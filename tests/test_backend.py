@@ -9,15 +9,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _python(code, **env):
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': '', **env}
-  r = subprocess.run([sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True,
-                     text=True, timeout=120)
+  r = subprocess.run(
+    [sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+  )
   assert r.returncode == 0, r.stderr
   return r.stdout.strip()
 
 
 def test_remat_is_disabled_unless_asked_and_triton_gemm_off_by_default():
-  code = ('import os; from jaxbench import backend; m = backend.configure({limit}, {remat}); '
-          'print(os.environ["XLA_FLAGS"]); print(m.describe())')
+  code = (
+    'import os; from jaxbench import backend; m = backend.configure({limit}, {remat}); '
+    'print(os.environ["XLA_FLAGS"]); print(m.describe())'
+  )
   flags, described = _python(code.format(limit=None, remat=False)).splitlines()
   assert '--xla_disable_hlo_passes=rematerialization' in flags.split()
   assert '--xla_gpu_enable_triton_gemm=false' in flags.split()
@@ -29,20 +32,27 @@ def test_remat_is_disabled_unless_asked_and_triton_gemm_off_by_default():
 
 
 def test_configure_refuses_once_the_backend_has_started():
-  out = _python('import jax; jax.devices(); from jaxbench import backend\n'
-                'try:\n  backend.configure(None, False)\nexcept backend.BackendError as e:\n'
-                '  print("refused:", e)')
+  out = _python(
+    'import jax; jax.devices(); from jaxbench import backend\n'
+    'try:\n  backend.configure(None, False)\nexcept backend.BackendError as e:\n'
+    '  print("refused:", e)'
+  )
   assert out.startswith('refused: the JAX backend already started')
 
 
 def test_existing_xla_flags_are_kept():
-  out = _python('import os; from jaxbench import backend; backend.configure(None, False); '
-                'print(os.environ["XLA_FLAGS"])', XLA_FLAGS='--xla_dump_to=/tmp/x')
+  out = _python(
+    'import os; from jaxbench import backend; backend.configure(None, False); '
+    'print(os.environ["XLA_FLAGS"])',
+    XLA_FLAGS='--xla_dump_to=/tmp/x',
+  )
   assert out.split()[0] == '--xla_dump_to=/tmp/x'
 
 
 def test_importing_every_workload_leaves_the_backend_unstarted():
   """main configures XLA after parsing flags: no model module may start JAX on import."""
-  out = _python('from jaxbench import registry; from jax._src import xla_bridge; '
-                'print(len(registry.names()), xla_bridge.backends_are_initialized())')
+  out = _python(
+    'from jaxbench import registry; from jax._src import xla_bridge; '
+    'print(len(registry.names()), xla_bridge.backends_are_initialized())'
+  )
   assert out.split()[1] == 'False', out

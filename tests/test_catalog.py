@@ -13,11 +13,32 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_catalog_holds_the_cards_people_train_on():
-  want = {'rtx_2060': 6, 'rtx_2070': 8, 'rtx_2080': 8, 'gtx_1080_ti': 11, 'rtx_2080_ti': 11,
-          'titan_rtx': 24, 'quadro_rtx_6000': 24, 'quadro_rtx_8000': 48, 'v100_16': 16,
-          'v100_32': 32, 'p100_16': 16, 'k80': 12, 't4': 16, 'a10': 24, 'l4': 24, 'l40s': 48,
-          'rtx_3090': 24, 'rtx_4090': 24, 'rtx_5090': 32, 'a100_40': 40, 'a100_80': 80,
-          'h100_80': 80, 'h200': 141, 'b200': 180}
+  want = {
+    'rtx_2060': 6,
+    'rtx_2070': 8,
+    'rtx_2080': 8,
+    'gtx_1080_ti': 11,
+    'rtx_2080_ti': 11,
+    'titan_rtx': 24,
+    'quadro_rtx_6000': 24,
+    'quadro_rtx_8000': 48,
+    'v100_16': 16,
+    'v100_32': 32,
+    'p100_16': 16,
+    'k80': 12,
+    't4': 16,
+    'a10': 24,
+    'l4': 24,
+    'l40s': 48,
+    'rtx_3090': 24,
+    'rtx_4090': 24,
+    'rtx_5090': 32,
+    'a100_40': 40,
+    'a100_80': 80,
+    'h100_80': 80,
+    'h200': 141,
+    'b200': 180,
+  }
   assert {g: catalog.get(g).memory_gb for g in want} == want
   assert 'DGX B200' in catalog.get('b200').note
 
@@ -28,7 +49,10 @@ def test_the_eight_2020_gpus_match_the_published_tables():
   for r in rows:
     gpu = catalog.get(r.gpu)
     assert (gpu.display, gpu.memory_gb, gpu.price_usd_2020) == (
-        r.display, r.memory_gb, r.price_usd_2020)
+      r.display,
+      r.memory_gb,
+      r.price_usd_2020,
+    )
 
 
 def test_published_tables_are_carried_with_their_notes():
@@ -60,20 +84,34 @@ def test_gpu_sets_resolve_in_order_without_duplicates():
 
 
 def _flags(**kw):
-  base = dict(gpu=None, memory_gb=None, memory_limit_gb=None, gpus=[], store=None, predict=False,
-              precisions=[], output=None, precision=None, batch_size=None, describe=False)
+  base = dict(
+    gpu=None,
+    memory_gb=None,
+    memory_limit_gb=None,
+    gpus=[],
+    store=None,
+    predict=False,
+    precisions=[],
+    output=None,
+    precision=None,
+    batch_size=None,
+    describe=False,
+  )
   return types.SimpleNamespace(**{**base, **kw})
 
 
 def test_request_sets_the_backend_cap_from_the_card():
   req = emulation.request(_flags(gpu='t4'))
   assert req.kind == emulation.SINGLE and req.limit_gb == pytest.approx(
-      (16 * 2**30 - 768 * 2**20) / 1e9)
+    (16 * 2**30 - 768 * 2**20) / 1e9
+  )
   assert emulation.request(_flags()).limit_gb is None
   assert emulation.request(_flags(gpus=['lambda2020'], predict=True)).limit_gb is None
 
 
-@pytest.mark.parametrize('kw, says', [
+@pytest.mark.parametrize(
+  'kw, says',
+  [
     (dict(gpu='t4', memory_limit_gb=3.0), '--gpu and --memory_limit_gb conflict'),
     (dict(gpu='t4', memory_gb=16.0), 'conflict'),
     (dict(gpus=['t4']), 'give --store'),
@@ -81,7 +119,8 @@ def test_request_sets_the_backend_cap_from_the_card():
     (dict(store='x.jsonl', memory_gb=8.0), 'catalog GPUs'),
     (dict(store='x.jsonl', gpus=['t4'], precision='fp32'), 'use --precisions'),
     (dict(precisions=['fp32'], gpu='t4'), '--precisions is for sweeps'),
-])
+  ],
+)
 def test_request_refuses_conflicts(kw, says):
   with pytest.raises(ValueError, match=says):
     emulation.request(_flags(**kw))
@@ -89,16 +128,25 @@ def test_request_refuses_conflicts(kw, says):
 
 def _main(*args):
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
-  return subprocess.run([sys.executable, '-m', 'jaxbench.main', *args], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=120)
+  return subprocess.run(
+    [sys.executable, '-m', 'jaxbench.main', *args],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
 
 
-@pytest.mark.parametrize('args, says', [
+@pytest.mark.parametrize(
+  'args, says',
+  [
     (['--model=bert_base', '--gpu=rtx_9090'], "unknown GPU 'rtx_9090'; valid GPUs: rtx_2060, "),
     (['--model=bert_base', '--gpu=t4', '--memory_limit_gb=3'], 'conflict'),
     (['--model=bert_base', '--gpus=lambda2020,h300', '--predict'], 'h200, b200'),
     (['--model=bert_base', '--memory_gb=0.1'], 'leaves nothing'),
-])
+  ],
+)
 def test_bad_gpu_flags_are_one_line_and_status_2(args, says):
   r = _main(*args)
   assert r.returncode == 2, r.stderr

@@ -14,11 +14,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def jaxbench(*args, timeout=600):
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu'}
-  return subprocess.run([sys.executable, '-m', 'jaxbench.main', *args], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+    [sys.executable, '-m', 'jaxbench.main', *args],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
 
 
-@pytest.mark.parametrize('args, says', [
+@pytest.mark.parametrize(
+  'args, says',
+  [
     (['--model=resnet_9000'], 'valid models: '),
     (['--model=bert_base', '--batch_size=0'], 'batch_size must be positive'),
     (['--model=bert_base', '--batch_size=-4'], 'batch_size must be positive'),
@@ -35,11 +43,19 @@ def jaxbench(*args, timeout=600):
     (['--no_such_flag'], 'no_such_flag'),
     ([], '--model'),
     (['--model=bert_base', 'stray'], 'unexpected arguments'),
-])
+  ],
+)
 def test_bad_input_is_one_line_and_status_2(args, says, tmp_path):
   out = tmp_path / 'r.jsonl'
-  r = jaxbench(*args, f'--output={out}' if not any('output' in a for a in args) and args
-               and '--describe' not in args and '--list_models' not in args else '--seed=0')
+  r = jaxbench(
+    *args,
+    f'--output={out}'
+    if not any('output' in a for a in args)
+    and args
+    and '--describe' not in args
+    and '--list_models' not in args
+    else '--seed=0',
+  )
   assert r.returncode == 2, (r.returncode, r.stderr)
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and 'Traceback' not in r.stderr, r.stderr
@@ -68,8 +84,16 @@ def test_describe_gives_exact_parameter_counts():
 def test_fixed_batch_run_appends_one_json_line_with_every_field(tmp_path):
   out = tmp_path / 'r.jsonl'
   out.write_text('{"earlier": "result"}\n')
-  r = jaxbench('--model=bert_base', '--tiny', '--batch_size=4', '--steps=2', '--windows=2',
-               '--warmup_steps=1', '--precision=bf16', f'--output={out}')
+  r = jaxbench(
+    '--model=bert_base',
+    '--tiny',
+    '--batch_size=4',
+    '--steps=2',
+    '--windows=2',
+    '--warmup_steps=1',
+    '--precision=bf16',
+    f'--output={out}',
+  )
   assert r.returncode == 0, r.stderr
   lines = out.read_text().splitlines()
   assert len(lines) == 2
@@ -88,8 +112,15 @@ def test_fixed_batch_run_appends_one_json_line_with_every_field(tmp_path):
 @pytest.mark.slow
 def test_search_on_the_cpu_under_a_memory_limit(tmp_path):
   out = tmp_path / 'r.jsonl'
-  r = jaxbench('--model=transformer_big', '--tiny', '--memory_limit_gb=0.002', '--steps=2',
-               '--windows=1', '--warmup_steps=0', f'--output={out}')
+  r = jaxbench(
+    '--model=transformer_big',
+    '--tiny',
+    '--memory_limit_gb=0.002',
+    '--steps=2',
+    '--windows=1',
+    '--warmup_steps=0',
+    f'--output={out}',
+  )
   assert r.returncode == 0, r.stderr
   result = json.loads(out.read_text())
   trials = result['search']['trials']

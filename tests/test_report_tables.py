@@ -6,25 +6,35 @@ import os
 import matplotlib.image
 import pytest
 
-from jaxbench import catalog, report, render, report_main, tables
+from jaxbench import catalog, render, report, report_main, tables
 
 
 def _result(workload, gpu, max_batch, units_per_s=None, mode='run', status='ok', precision='fp32'):
-  return {'schema': 'jaxbench.result/1', 'mode': mode, 'workload': workload,
-          'precision': precision, 'tiny': False, 'overrides': [],
-          'emulation': {**catalog.get(gpu).emulation(), 'how': 'fixture'},
-          'unit': 'sequences', 'throughput_unit': 'sequences/s', 'status': status,
-          'max_batch': max_batch, 'max_examples': max_batch,
-          'measurement': None if units_per_s is None else {'units_per_s': units_per_s}}
+  return {
+    'schema': 'jaxbench.result/1',
+    'mode': mode,
+    'workload': workload,
+    'precision': precision,
+    'tiny': False,
+    'overrides': [],
+    'emulation': {**catalog.get(gpu).emulation(), 'how': 'fixture'},
+    'unit': 'sequences',
+    'throughput_unit': 'sequences/s',
+    'status': status,
+    'max_batch': max_batch,
+    'max_examples': max_batch,
+    'measurement': None if units_per_s is None else {'units_per_s': units_per_s},
+  }
 
 
 FIXTURE = [
-    _result('bert_base', 'rtx_2060', 8, 68.0), _result('bert_base', 'quadro_rtx_8000', 150, 188.0),
-    _result('bert_base', 'rtx_2060', 10, mode='predict'),
-    _result('bert_base', 'quadro_rtx_8000', 150, mode='predict'),
-    _result('pix2pixhd', 'rtx_2080_ti', 0, status='oom'),
-    _result('transformer_big', 'h200', 3000, 9000.0, precision='fp16'),
-    _result('mt_dnn', 'rtx_2060', 0, status='failed'),
+  _result('bert_base', 'rtx_2060', 8, 68.0),
+  _result('bert_base', 'quadro_rtx_8000', 150, 188.0),
+  _result('bert_base', 'rtx_2060', 10, mode='predict'),
+  _result('bert_base', 'quadro_rtx_8000', 150, mode='predict'),
+  _result('pix2pixhd', 'rtx_2080_ti', 0, status='oom'),
+  _result('transformer_big', 'h200', 3000, 9000.0, precision='fp16'),
+  _result('mt_dnn', 'rtx_2060', 0, status='failed'),
 ]
 
 
@@ -38,8 +48,13 @@ def test_max_batch_table_sets_ours_beside_the_published_rows():
   t = built['max_batch']
   assert t.header[2:10] == [g.display for g in catalog.lambda2020()] and t.header[10] == 'H200'
   bert = _rows(t, 'bert_base')
-  assert list(bert) == ['2020 published', 'emulated fp32', 'predicted fp32',
-                        'emulated fp32 / 2020', 'predicted fp32 / 2020']
+  assert list(bert) == [
+    '2020 published',
+    'emulated fp32',
+    'predicted fp32',
+    'emulated fp32 / 2020',
+    'predicted fp32 / 2020',
+  ]
   assert bert['2020 published'][0] == '8' and bert['2020 published'][7] == '128'
   assert bert['emulated fp32'][0] == '8' and bert['emulated fp32'][7] == '150'
   assert bert['emulated fp32 / 2020'][7] == '1.17' and bert['predicted fp32 / 2020'][0] == '1.25'
@@ -71,8 +86,10 @@ def test_throughput_ratio_and_normalization():
 
 def test_prediction_error_is_measured_per_cell():
   t = render.prediction_table(tables.collect(FIXTURE).records)
-  assert [r[2:] for r in t.rows] == [['Quadro RTX 8000', '150', '150', '+0.0%'],
-                                     ['RTX 2060', '10', '8', '+25.0%']]
+  assert [r[2:] for r in t.rows] == [
+    ['Quadro RTX 8000', '150', '150', '+0.0%'],
+    ['RTX 2060', '10', '8', '+25.0%'],
+  ]
   assert t.notes[0] == '2 cells: mean absolute error 12.5%, 1 exact, 1 over-predicted'
 
 
@@ -90,9 +107,19 @@ def test_report_command_writes_markdown_csv_and_pngs_that_open(tmp_path):
   out = str(tmp_path / 'out')
   paths = report_main.write(path, out, 'quadro_rtx_8000')
   names = sorted(os.path.basename(p) for p in paths)
-  assert names == sorted(['max_batch.csv', 'throughput.csv', 'normalized.csv', 'summary.csv',
-                          'prediction.csv', 'report.md', 'max_batch.png', 'throughput.png',
-                          'normalized.png'])
+  assert names == sorted(
+    [
+      'max_batch.csv',
+      'throughput.csv',
+      'normalized.csv',
+      'summary.csv',
+      'prediction.csv',
+      'report.md',
+      'max_batch.png',
+      'throughput.png',
+      'normalized.png',
+    ]
+  )
   for p in paths:
     if p.endswith('.png'):
       image = matplotlib.image.imread(p)
@@ -100,8 +127,9 @@ def test_report_command_writes_markdown_csv_and_pngs_that_open(tmp_path):
   with open(os.path.join(out, 'max_batch.csv')) as f:
     rows = list(csv.reader(f))
   assert rows[0][:3] == ['workload', 'source', 'RTX 2060']
-  assert ['bert_base', 'emulated fp32', '8'] == rows[[r[:2] for r in rows].index(
-      ['bert_base', 'emulated fp32'])][:3]
+  assert ['bert_base', 'emulated fp32', '8'] == rows[
+    [r[:2] for r in rows].index(['bert_base', 'emulated fp32'])
+  ][:3]
   md = open(os.path.join(out, 'report.md')).read()
   assert '### Largest batch before OOM' in md and '![max_batch.png](max_batch.png)' in md
   assert 'mean absolute error 12.5%' in md

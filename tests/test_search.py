@@ -5,7 +5,8 @@ import gc
 import jax
 import pytest
 
-from jaxbench import bench, program as prog, search
+from jaxbench import bench, search
+from jaxbench import program as prog
 from jaxbench import workload as wl
 from models import transformer
 
@@ -17,16 +18,32 @@ class FakeProgram:
   sees the budget it is given and the predicted peaks.
   """
 
-  def __init__(self, a=100, b=10, kink=None, bump=0, run_fails_above=None, compile_fails_above=None,
-               error_at=None, example_size=1):
+  def __init__(
+    self,
+    a=100,
+    b=10,
+    kink=None,
+    bump=0,
+    run_fails_above=None,
+    compile_fails_above=None,
+    error_at=None,
+    example_size=1,
+  ):
     self.a, self.b, self.kink, self.bump = a, b, kink, bump
     self.run_fails_above = run_fails_above
     self.compile_fails_above = compile_fails_above
     self.error_at = error_at
     self.workload = wl.Workload(
-        name='fake', description='', unit='tokens', throughput_unit='tokens/s', config={},
-        tiny={}, trainer=None, flops_per_example=lambda cfg: 1.0,
-        example_size=lambda cfg: example_size)
+      name='fake',
+      description='',
+      unit='tokens',
+      throughput_unit='tokens/s',
+      config={},
+      tiny={},
+      trainer=None,
+      flops_per_example=lambda cfg: 1.0,
+      example_size=lambda cfg: example_size,
+    )
     self.cfg = {}
     self.compiled, self.ran = [], []
 
@@ -39,8 +56,14 @@ class FakeProgram:
       raise ValueError('shape mismatch in dot_general')
     if self.compile_fails_above is not None and n > self.compile_fails_above:
       raise RuntimeError('RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.0GiB.')
-    return prog.Compiled(n=n, executable=None, compile_s=0.0, peak_bytes=self.peak(n),
-                         temp_bytes=self.peak(n) - self.a, argument_bytes=self.a)
+    return prog.Compiled(
+      n=n,
+      executable=None,
+      compile_s=0.0,
+      peak_bytes=self.peak(n),
+      temp_bytes=self.peak(n) - self.a,
+      argument_bytes=self.a,
+    )
 
   def run(self, compiled, steps):
     self.ran.append(compiled.n)
@@ -130,13 +153,16 @@ def test_verify_predicted_oom_runs_the_oversize_batch():
   assert 11 in p.ran  # the failing neighbour was really run
 
 
-@pytest.mark.parametrize('message, oom', [
+@pytest.mark.parametrize(
+  'message, oom',
+  [
     ('RESOURCE_EXHAUSTED: Out of memory while trying to allocate 123 bytes', True),
     ('INTERNAL: CUDNN_STATUS_ALLOC_FAILED in autotuning', True),
     ('INTERNAL: Failed to allocate 1073741824 bytes for new constant', True),
     ('INVALID_ARGUMENT: Incompatible shapes for broadcasting', False),
     ('INTERNAL: cuDNN launch failure: CUDNN_STATUS_EXECUTION_FAILED', False),
-])
+  ],
+)
 def test_oom_classification(message, oom):
   assert prog.is_oom(RuntimeError(message)) is oom
 

@@ -8,8 +8,16 @@ from jaxbench import report, store
 
 
 def _result(workload='bert_base', gpu='t4', status='ok', **kw):
-  return {'workload': workload, 'precision': 'fp32', 'tiny': True, 'mode': 'run',
-          'overrides': [['seq_len', '64']], 'emulation': {'gpu': gpu}, 'status': status, **kw}
+  return {
+    'workload': workload,
+    'precision': 'fp32',
+    'tiny': True,
+    'mode': 'run',
+    'overrides': [['seq_len', '64']],
+    'emulation': {'gpu': gpu},
+    'status': status,
+    **kw,
+  }
 
 
 def test_each_result_is_one_whole_line(tmp_path):

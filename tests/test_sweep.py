@@ -26,6 +26,7 @@ def fake_command(store_path):
     cmd = sweep.command(group, store_path, ['--steps=2'])
     assert cmd[1:3] == ['-m', 'jaxbench.main']
     return [sys.executable, FAKE] + cmd[3:]
+
   return make
 
 
@@ -35,20 +36,34 @@ def _cells(mode='run', gpus=('rtx_2060', 't4')):
 
 def _run(path, cells, timeout_s=60, **kw):
   lines = []
-  failed = sweep.run(cells, path, fake_command(path), timeout_s,
-                     out=lambda s, end='\n': lines.append(s + end), **kw)
+  failed = sweep.run(
+    cells, path, fake_command(path), timeout_s, out=lambda s, end='\n': lines.append(s + end), **kw
+  )
   return failed, ''.join(lines).splitlines()
 
 
 def test_plan_and_command():
   cells = sweep.plan(WORKLOADS, ['t4'], ['fp32', 'bf16'], False, (), 'run')
   assert [(c.workload, c.precision) for c in cells] == [
-      ('bert_base', 'fp32'), ('bert_base', 'bf16'), ('transformer_big', 'fp32'),
-      ('transformer_big', 'bf16'), ('mt_dnn', 'fp32'), ('mt_dnn', 'bf16')]
+    ('bert_base', 'fp32'),
+    ('bert_base', 'bf16'),
+    ('transformer_big', 'fp32'),
+    ('transformer_big', 'bf16'),
+    ('mt_dnn', 'fp32'),
+    ('mt_dnn', 'bf16'),
+  ]
   assert [c.precision for c in _cells()] == ['fp32', 'fp32', 'fp16', 'fp16', 'fp32', 'fp32']
   cmd = sweep.command([cells[0]], '/s.jsonl', ['--steps=2'])
-  assert cmd[1:] == ['-m', 'jaxbench.main', '--model=bert_base', '--precision=fp32', '--notiny',
-                     '--gpu=t4', '--output=/s.jsonl', '--steps=2']
+  assert cmd[1:] == [
+    '-m',
+    'jaxbench.main',
+    '--model=bert_base',
+    '--precision=fp32',
+    '--notiny',
+    '--gpu=t4',
+    '--output=/s.jsonl',
+    '--steps=2',
+  ]
   predict = _cells('predict')
   assert [len(g) for g in sweep.groups(predict)] == [2, 2, 2]  # one process per workload
   assert '--gpus=rtx_2060,t4' in sweep.command(sweep.groups(predict)[0], '/s', [])
@@ -125,8 +140,12 @@ sweep.run(cells, {path!r}, test_sweep.fake_command({path!r}), 60)
 def test_a_sweep_killed_mid_way_resumes_with_nothing_lost_or_doubled(tmp_path):
   path = str(tmp_path / 's.jsonl')
   env = {**os.environ, 'FAKE_SLEEP': '0.3'}
-  proc = subprocess.Popen([sys.executable, '-c', DRIVER.format(root=ROOT, here=HERE, path=path)],
-                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  proc = subprocess.Popen(
+    [sys.executable, '-c', DRIVER.format(root=ROOT, here=HERE, path=path)],
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.DEVNULL,
+  )
   deadline = time.monotonic() + 60
   while len(store.read(path)[0]) < 4 and time.monotonic() < deadline:
     time.sleep(0.05)

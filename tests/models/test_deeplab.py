@@ -21,9 +21,11 @@ def _reference_xception65_params():
   """Xception-65 as deeplab/core/xception.py lists it: weights plus BN beta and gamma."""
   count = 3 * 3 * 3 * 32 + 2 * 32 + 3 * 3 * 32 * 64 + 2 * 64  # entry_flow/conv1_1, conv1_2
   cin = 64
-  blocks = ([((128, 128, 128), True), ((256, 256, 256), True), ((728, 728, 728), True)]
-            + [((728, 728, 728), False)] * 16
-            + [((728, 1024, 1024), True), ((1536, 1536, 2048), False)])
+  blocks = (
+    [((128, 128, 128), True), ((256, 256, 256), True), ((728, 728, 728), True)]
+    + [((728, 728, 728), False)] * 16
+    + [((728, 1024, 1024), True), ((1536, 1536, 2048), False)]
+  )
   for depths, conv_shortcut in blocks:
     count += _separable(cin, depths[0]) + _separable(depths[0], depths[1])
     count += _separable(depths[1], depths[2])
@@ -48,14 +50,14 @@ def test_param_counts():
 def test_shapes_at_513():
   images = jax.ShapeDtypeStruct((1, 513, 513, 3), jnp.float32)
   (features, low_level), _ = jax.eval_shape(
-      lambda x: xception.Xception65(CFG).init_with_output(jax.random.key(0), x, train=False),
-      images)
+    lambda x: xception.Xception65(CFG).init_with_output(jax.random.key(0), x, train=False), images
+  )
   assert features.shape == (1, 33, 33, 2048)  # output stride 16
   assert low_level.shape == (1, 129, 129, 256)  # output stride 4
   batch = {'images': images}
   logits, _ = jax.eval_shape(
-      lambda b: deeplab.DeepLabV3Plus(CFG).init_with_output(jax.random.key(0), b, train=False),
-      batch)
+    lambda b: deeplab.DeepLabV3Plus(CFG).init_with_output(jax.random.key(0), b, train=False), batch
+  )
   assert logits.shape == (1, 513, 513, 21)
 
 
@@ -84,13 +86,15 @@ def test_resize_aligns_corners():
   np.testing.assert_allclose(y, [[0, 0.5, 1], [1, 1.5, 2], [2, 2.5, 3]])
   # 33 -> 129: every fourth output is an input sample exactly.
   z = jnp.asarray(np.random.default_rng(0).normal(size=(1, 33, 33, 2)), jnp.float32)
-  np.testing.assert_allclose(deeplab.resize_bilinear(z, 129, 129)[:, ::4, ::4], z, rtol=1e-5,
-                             atol=1e-6)
+  np.testing.assert_allclose(
+    deeplab.resize_bilinear(z, 129, 129)[:, ::4, ::4], z, rtol=1e-5, atol=1e-6
+  )
 
 
 def test_weight_decay_skips_depthwise_and_batch_norm():
-  params = jax.eval_shape(deeplab.DEEPLABV3.trainer(TINY, precision.get('fp32')).init,
-                          jax.random.key(0)).params
+  params = jax.eval_shape(
+    deeplab.DEEPLABV3.trainer(TINY, precision.get('fp32')).init, jax.random.key(0)
+  ).params
   flat = jax.tree_util.tree_flatten_with_path(deeplab.decays(params))[0]
   names = {'/'.join(k.key for k in path): decayed for path, decayed in flat}
   assert names['xception_65/entry_flow_conv1_1/conv/kernel']

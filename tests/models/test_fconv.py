@@ -26,8 +26,9 @@ def tiny():
   cfg = fconv.FCONV_WMT_EN_DE.resolve(tiny=True)
   model = fconv.FConv(cfg)
   batch = fconv.make_batch(cfg, jax.random.key(1), 2)
-  variables = model.init({'params': jax.random.key(0), 'dropout': jax.random.key(2)}, batch,
-                         train=False)
+  variables = model.init(
+    {'params': jax.random.key(0), 'dropout': jax.random.key(2)}, batch, train=False
+  )
   return cfg, batch, jax.jit(lambda b: model.apply(variables, b, train=False))
 
 
@@ -46,13 +47,16 @@ def test_decoder_does_not_see_the_future(tiny):
   cfg, batch, apply = tiny
   logits = apply(batch)
   t = cfg['tgt_len'] // 2
-  changed = batch['target_in'].at[:, t + 1:].set(
-      (batch['target_in'][:, t + 1:] + 7) % (cfg['tgt_vocab'] - 1) + 1)
+  changed = (
+    batch['target_in']
+    .at[:, t + 1 :]
+    .set((batch['target_in'][:, t + 1 :] + 7) % (cfg['tgt_vocab'] - 1) + 1)
+  )
   assert not np.array_equal(changed, batch['target_in'])
   new_logits = apply({**batch, 'target_in': changed})
-  np.testing.assert_array_equal(new_logits[:, :t + 1], logits[:, :t + 1])
+  np.testing.assert_array_equal(new_logits[:, : t + 1], logits[:, : t + 1])
   # The later positions do read the changed tokens, so the check above is not vacuous.
-  assert not np.allclose(new_logits[:, t + 1:], logits[:, t + 1:])
+  assert not np.allclose(new_logits[:, t + 1 :], logits[:, t + 1 :])
 
 
 def test_every_target_position_attends_to_the_whole_source(tiny):

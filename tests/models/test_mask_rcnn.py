@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxbench import precision, workload as wl
+from jaxbench import precision
+from jaxbench import workload as wl
 from models import detection_ops as ops
 from models import mask_rcnn as mr
 from models import mask_rcnn_data
@@ -43,7 +44,8 @@ def test_nms_matches_greedy_reference():
     expected = np.zeros(80, bool)
     for i in range(80):
       expected[i] = valid[i] and not any(
-          expected[j] and _iou(boxes[j], boxes[i]) > threshold for j in range(i))
+        expected[j] and _iou(boxes[j], boxes[i]) > threshold for j in range(i)
+      )
     np.testing.assert_array_equal(keep, expected)
     assert 0 < keep.sum() < valid.sum()  # suppression happened
 
@@ -68,15 +70,21 @@ def _roi_align_reference(feature, box, stride, out, ratio):
       xl = xh = w - 1
       x = float(xl)
     ly, lx = y - yl, x - xl
-    return ((1 - ly) * (1 - lx) * feature[yl, xl] + (1 - ly) * lx * feature[yl, xh]
-            + ly * (1 - lx) * feature[yh, xl] + ly * lx * feature[yh, xh])
+    return (
+      (1 - ly) * (1 - lx) * feature[yl, xl]
+      + (1 - ly) * lx * feature[yl, xh]
+      + ly * (1 - lx) * feature[yh, xl]
+      + ly * lx * feature[yh, xh]
+    )
 
   for ph in range(out):
     for pw in range(out):
       for iy in range(ratio):
         for ix in range(ratio):
-          result[ph, pw] += bilinear(y1 + ph * bin_h + (iy + 0.5) * bin_h / ratio,
-                                     x1 + pw * bin_w + (ix + 0.5) * bin_w / ratio)
+          result[ph, pw] += bilinear(
+            y1 + ph * bin_h + (iy + 0.5) * bin_h / ratio,
+            x1 + pw * bin_w + (ix + 0.5) * bin_w / ratio,
+          )
   return result / ratio**2
 
 
@@ -87,7 +95,8 @@ def test_multilevel_roi_align_matches_direct_bilinear():
   boxes = np.concatenate([_random_boxes(rng, 8, 48), [[-6, -5, 70, 60], [40, 50, 47, 63]]])
   levels = np.array([0, 1, 2, 0, 1, 2, 0, 1, 2, 0], np.int32)
   got = jax.jit(ops.multilevel_roi_align, static_argnums=(3, 4, 5))(
-      features, boxes, levels, strides, 5, 2)
+    features, boxes, levels, strides, 5, 2
+  )
   for i, (box, level) in enumerate(zip(boxes, levels)):
     expected = _roi_align_reference(features[level], box, strides[level], 5, 2)
     np.testing.assert_allclose(got[i], expected, rtol=1e-5, atol=1e-5)
@@ -106,7 +115,8 @@ def test_sampler_fixed_count_and_fraction(num_pos, num_neg):
   kind = rng.permutation(np.repeat([1, 0, -1], [num_pos, num_neg, n - num_pos - num_neg]))
   priority = jax.random.uniform(jax.random.key(num_pos), (n,))
   idx, is_pos, valid = jax.jit(ops.sample, static_argnums=(3, 4))(
-      priority, kind == 1, kind == 0, size, 0.25)
+    priority, kind == 1, kind == 0, size, 0.25
+  )
   idx, is_pos, valid = map(np.asarray, (idx, is_pos, valid))
   assert idx.shape == is_pos.shape == valid.shape == (size,)
   assert is_pos.sum() == min(num_pos, size // 4)
@@ -125,19 +135,35 @@ def test_padding_instances_never_become_targets():
   full = jnp.array([0, 0, w - 1, h - 1], jnp.float32)
   # Padding that would win every match if it were not masked: full-image boxes and masks.
   pad = ~image['gt_valid']
-  loud = dict(image, gt_boxes=jnp.where(pad[:, None], full, image['gt_boxes']),
-              gt_classes=jnp.where(pad, 7, image['gt_classes']),
-              gt_masks=jnp.where(pad[:, None, None], 1, image['gt_masks']).astype(jnp.uint8))
+  loud = dict(
+    image,
+    gt_boxes=jnp.where(pad[:, None], full, image['gt_boxes']),
+    gt_classes=jnp.where(pad, 7, image['gt_classes']),
+    gt_masks=jnp.where(pad[:, None, None], 1, image['gt_masks']).astype(jnp.uint8),
+  )
   proposals = jnp.concatenate([_random_boxes(np.random.default_rng(0), 31, 60), full[None]])
   priority = jax.random.uniform(jax.random.key(0), (1200,))
 
   def targets(gt):
-    roi = mr.roi_targets(TINY, priority[:38], proposals, jnp.ones(32, bool), gt['gt_boxes'],
-                         gt['gt_classes'], gt['gt_masks'], gt['gt_valid'])
-    anchors = jnp.concatenate([ops.grid_anchors(4, 8, (0.5, 1.0, 2.0), 16, 16),
-                               ops.grid_anchors(8, 16, (0.5, 1.0, 2.0), 8, 8)])
-    rpn = mr.rpn_targets(TINY, anchors, priority[:anchors.shape[0]], gt['gt_boxes'],
-                         gt['gt_valid'])
+    roi = mr.roi_targets(
+      TINY,
+      priority[:38],
+      proposals,
+      jnp.ones(32, bool),
+      gt['gt_boxes'],
+      gt['gt_classes'],
+      gt['gt_masks'],
+      gt['gt_valid'],
+    )
+    anchors = jnp.concatenate(
+      [
+        ops.grid_anchors(4, 8, (0.5, 1.0, 2.0), 16, 16),
+        ops.grid_anchors(8, 16, (0.5, 1.0, 2.0), 8, 8),
+      ]
+    )
+    rpn = mr.rpn_targets(
+      TINY, anchors, priority[: anchors.shape[0]], gt['gt_boxes'], gt['gt_valid']
+    )
     return roi, rpn
 
   (roi, rpn), (roi_loud, rpn_loud) = jax.jit(targets)(image), jax.jit(targets)(loud)
@@ -159,8 +185,9 @@ def test_full_size_parameter_count():
   assert abs(count - 63.3e6) / 63.3e6 < 0.01
   assert 'frozen_bn' in shapes.model_state and 'batch_stats' not in shapes.model_state
   frozen = shapes.params['backbone']
-  frozen = wl.count_params({k: v for k, v in frozen.items() if k == 'stem' or
-                            k.startswith('res2_')})
+  frozen = wl.count_params(
+    {k: v for k, v in frozen.items() if k == 'stem' or k.startswith('res2_')}
+  )
   assert frozen == 9408 + 212_992
 
 
@@ -175,10 +202,16 @@ def test_step_compiles_once_finite_and_freezes_stem():
   assert step._cache_size() == 1
   for name, value in metrics.items():
     assert np.isfinite(value), name
-  assert set(metrics) >= {'loss_objectness', 'loss_rpn_box_reg', 'loss_classifier',
-                          'loss_box_reg', 'loss_mask'}
+  assert set(metrics) >= {
+    'loss_objectness',
+    'loss_rpn_box_reg',
+    'loss_classifier',
+    'loss_box_reg',
+    'loss_mask',
+  }
   before, after = state.params['backbone'], new.params['backbone']
   np.testing.assert_array_equal(before['stem']['kernel'], after['stem']['kernel'])
-  np.testing.assert_array_equal(before['res2_0']['conv2']['kernel'],
-                                after['res2_0']['conv2']['kernel'])
+  np.testing.assert_array_equal(
+    before['res2_0']['conv2']['kernel'], after['res2_0']['conv2']['kernel']
+  )
   assert not np.array_equal(before['res3_0']['conv2']['kernel'], after['res3_0']['conv2']['kernel'])

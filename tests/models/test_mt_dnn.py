@@ -18,8 +18,9 @@ def _reference_params(vocab=30522, h=1024, layers=24, ffn=4096, positions=512, t
   encoder = embeddings + layers * layer + (h * h + h)  # + BertModel's pooler
   # SANClassifier: LinearSelfAttn Linear(h, 1), BilinearFlatSim Linear(h, h),
   # GRUCell(h, h) (two 3h x h matrices, two 3h biases), Classifier Linear(4h, classes).
-  san = lambda classes: (h + 1) + (h * h + h) + 2 * (3 * h * h + 3 * h) + (4 * h * classes
-                                                                          + classes)
+  san = lambda classes: (
+    (h + 1) + (h * h + h) + 2 * (3 * h * h + 3 * h) + (4 * h * classes + classes)
+  )
   pooled = lambda classes: h * classes + classes  # nn.Linear(h, classes) on the pooled output
   heads = san(3) + 4 * san(2) + 2 * pooled(2) + pooled(1)  # MNLI; RTE..MRPC; SST, CoLA; STS-B
   return encoder, encoder + heads
@@ -66,9 +67,11 @@ def test_stsb_head_is_regression_and_others_classify():
   stsb = batches['stsb']['labels']
   assert stsb.dtype == jnp.float32 and outputs['stsb'].shape == (3,)
   index = [t.name for t in mt_dnn.TASKS].index('stsb')
-  np.testing.assert_allclose(float(mt_dnn.task_loss(index, outputs['stsb'], stsb)),
-                             np.mean((np.asarray(outputs['stsb']) - np.asarray(stsb)) ** 2),
-                             rtol=1e-6)
+  np.testing.assert_allclose(
+    float(mt_dnn.task_loss(index, outputs['stsb'], stsb)),
+    np.mean((np.asarray(outputs['stsb']) - np.asarray(stsb)) ** 2),
+    rtol=1e-6,
+  )
   for task in mt_dnn.TASKS:
     if task.name != 'stsb':
       assert outputs[task.name].shape == (3, task.classes)

@@ -7,8 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxbench import precision, workload as wl
-from models import nasnet, nasnet_cells as cells
+from jaxbench import precision
+from jaxbench import workload as wl
+from models import nasnet
+from models import nasnet_cells as cells
 
 # Keras' NASNetLarge (slim's weights, 1000 classes): 88,753,150 trainable plus
 # 196,668 batch-norm moving statistics = 88,949,818. At 1001 classes the final
@@ -52,8 +54,9 @@ def _cell_variables():
 def _apply_cell(variables, keep_prob, train, rng, progress):
   x, prev = _cell_inputs()
   cell = cells.Cell(cells.REDUCTION, 16, 2, keep_prob)
-  out, _ = cell.apply(variables, x, prev, train, progress, rngs={'dropout': rng},
-                      mutable=['batch_stats'])
+  out, _ = cell.apply(
+    variables, x, prev, train, progress, rngs={'dropout': rng}, mutable=['batch_stats']
+  )
   return out
 
 
@@ -73,8 +76,9 @@ def test_drop_path_acts_in_training_and_follows_the_schedule():
   dropped = _cell_outputs(0.5, True, jax.random.key(3))
   assert not np.allclose(dropped, no_drop)
   # At the schedule's start (progress 0) the keep probability is still 1.
-  np.testing.assert_allclose(_cell_outputs(0.5, True, jax.random.key(3), progress=0.0),
-                             no_drop, rtol=1e-6, atol=1e-6)
+  np.testing.assert_allclose(
+    _cell_outputs(0.5, True, jax.random.key(3), progress=0.0), no_drop, rtol=1e-6, atol=1e-6
+  )
 
 
 def test_factorized_reduction_samples_both_pixel_grids():

@@ -33,8 +33,9 @@ def tiny():
   nets = pix2pixhd.build(TINY)
   state = jax.jit(_trainer().init)(jax.random.key(0))
   batch = jax.jit(_trainer().make_batch, static_argnums=1)(jax.random.key(1), 2)
-  grad_fn = jax.jit(jax.value_and_grad(functools.partial(pix2pixhd.losses, nets, TINY),
-                                       has_aux=True))
+  grad_fn = jax.jit(
+    jax.value_and_grad(functools.partial(pix2pixhd.losses, nets, TINY), has_aux=True)
+  )
   return state, batch, grad_fn
 
 
@@ -99,12 +100,16 @@ def test_combined_gradient_is_each_networks_own(tiny):
   nets = pix2pixhd.build(TINY)
   _, grads = grad_fn(state.params, state.vgg_params, batch)
   for net, metric in (('generator', 'g_loss'), ('discriminator', 'd_loss')):
+
     def own(p, net=net, metric=metric):
-      return pix2pixhd.losses(nets, TINY, {**state.params, net: p}, state.vgg_params,
-                              batch)[1][metric]
+      return pix2pixhd.losses(nets, TINY, {**state.params, net: p}, state.vgg_params, batch)[1][
+        metric
+      ]
+
     expected = jax.jit(jax.grad(own))(state.params[net])
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7),
-                 grads[net], expected)
+    jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads[net], expected
+    )
 
 
 @pytest.mark.slow
@@ -130,18 +135,15 @@ def test_batch_is_a_plausible_label_map():
 
 def test_downsample_divides_by_the_taps_inside():
   x = jax.random.normal(jax.random.key(0), (1, 7, 10, 2))
-  expected = nn.avg_pool(x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)),
-                         count_include_pad=False)
+  expected = nn.avg_pool(
+    x, (3, 3), strides=(2, 2), padding=((1, 1), (1, 1)), count_include_pad=False
+  )
   np.testing.assert_allclose(pix2pixhd_nets.downsample(x), expected, rtol=1e-6)
 
 
 def test_instance_edges_mark_both_sides_of_a_boundary():
-  ids = jnp.array([[[1, 1, 2, 2],
-                    [1, 1, 2, 2],
-                    [3, 3, 3, 3]]])
-  expected = np.array([[[0, 1, 1, 0],
-                        [1, 1, 1, 1],
-                        [1, 1, 1, 1]]], bool)
+  ids = jnp.array([[[1, 1, 2, 2], [1, 1, 2, 2], [3, 3, 3, 3]]])
+  expected = np.array([[[0, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]]], bool)
   np.testing.assert_array_equal(pix2pixhd.instance_edges(ids), expected)
 
 

@@ -25,8 +25,7 @@ def tiny():
 
 
 def _max_abs_diff(a, b):
-  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a),
-                                                           jax.tree.leaves(b)))
+  return max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
 @pytest.mark.slow
@@ -49,13 +48,16 @@ def test_ema_moves_toward_the_generator(tiny):
   assert 0.99 < beta < 1.0
   g_new = new_state.params['generator']
   # Gs started equal to G; after one step it is the beta-lerp from the old G to the new one.
-  expected = jax.tree.map(lambda old, new: beta * old + (1 - beta) * new,
-                          state.params['generator'], g_new)
+  expected = jax.tree.map(
+    lambda old, new: beta * old + (1 - beta) * new, state.params['generator'], g_new
+  )
   # Relative: the mapping's weights are stored at scale 1/lrmul = 100.
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7),
-               new_state.ema, expected)
-  distance = lambda a, b: sum(float(jnp.sum(jnp.square(x - y)))
-                              for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  jax.tree.map(
+    lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7), new_state.ema, expected
+  )
+  distance = lambda a, b: sum(
+    float(jnp.sum(jnp.square(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+  )
   before, after = distance(state.ema, g_new), distance(new_state.ema, g_new)
   assert 0 < after < before
 
@@ -96,7 +98,8 @@ def test_r1_is_zero_for_a_discriminator_constant_in_its_input(tiny):
   assert float(jnp.min(r1(d_params))) > 0
   # FromRGB's kernel at zero: D sees only its biases, whatever the image.
   blind = jax.tree_util.tree_map_with_path(
-      lambda path, x: jnp.zeros_like(x) if 'from_rgb' in str(path[0]) else x, d_params)
+    lambda path, x: jnp.zeros_like(x) if 'from_rgb' in str(path[0]) else x, d_params
+  )
   np.testing.assert_array_equal(r1(blind), 0.0)
 
 
@@ -107,8 +110,10 @@ def test_fused_resampling_convolution_matches_the_separate_ops(resample):
   draw = np.random.default_rng(5).standard_normal
   x = jnp.asarray(draw((2, 8, 8, 4)), jnp.float32)
   convs = [sl.EqConv(6, resample=resample, fused=fused) for fused in (False, True)]
-  params = jax.tree.map(lambda p: jnp.asarray(draw(p.shape), jnp.float32),  # non-zero biases
-                        jax.eval_shape(convs[0].init, jax.random.key(6), x))
+  params = jax.tree.map(
+    lambda p: jnp.asarray(draw(p.shape), jnp.float32),  # non-zero biases
+    jax.eval_shape(convs[0].init, jax.random.key(6), x),
+  )
   separate, fused = (jax.jit(conv.apply)(params, x) for conv in convs)
   assert separate.shape == fused.shape == ((2, 16, 16, 6) if resample == 'up' else (2, 4, 4, 6))
   np.testing.assert_allclose(fused, separate, rtol=1e-5, atol=1e-5)

@@ -9,7 +9,6 @@ from jaxbench import precision
 from jaxbench import workload as wl
 from models import xlm
 from models import xlm_noise as noise
-from models.xlm_model import EncoderDecoder
 
 W = xlm.UNSUPMT
 CFG = W.resolve(tiny=True)
@@ -61,8 +60,9 @@ def tiny():
   parts = xlm.build(CFG, precision.get('fp32'))
   state = jax.jit(parts.init)(jax.random.key(0))
   sentences = W.trainer(CFG, precision.get('fp32')).make_batch(jax.random.key(1), 3)['bt'][0]
-  generate = jax.jit(lambda p, s: xlm.generate(parts.module, p, s, xlm.EN, xlm.FR,
-                                               xlm.max_len(CFG)))
+  generate = jax.jit(
+    lambda p, s: xlm.generate(parts.module, p, s, xlm.EN, xlm.FR, xlm.max_len(CFG))
+  )
   return parts, state, sentences, generate
 
 
@@ -83,8 +83,13 @@ def test_generation_stops_at_its_length_and_matches_teacher_forcing(tiny):
   assert (never[:, 1:-1] >= noise.FIRST_WORD).all()
   # The cached steps agree with a full teacher-forced pass over the generated prefix.
   logits = jax.jit(parts.module.apply, static_argnums=5)(
-      {'params': _with_eos_bias(state.params, -1e4)}, src, xlm.EN, jnp.asarray(never[:, :-1]),
-      xlm.FR, False)
+    {'params': _with_eos_bias(state.params, -1e4)},
+    src,
+    xlm.EN,
+    jnp.asarray(never[:, :-1]),
+    xlm.FR,
+    False,
+  )
   np.testing.assert_array_equal(np.argmax(logits, -1)[:, :-1], never[:, 1:-1])
   # EOS always chosen: each sentence ends at once and the rest is padding.
   at_once = np.asarray(generate(_with_eos_bias(state.params, 1e4), src))
@@ -95,16 +100,24 @@ def test_generation_stops_at_its_length_and_matches_teacher_forcing(tiny):
 def test_back_translation_trains_on_the_generated_source(tiny):
   parts, state, sentences, generate = tiny
   rng = jax.random.key(3)
-  new_state, loss, generated = jax.jit(
-      lambda st, s, r: parts.bt_step(st, s, xlm.EN, xlm.FR, r))(state, sentences, rng)
+  new_state, loss, generated = jax.jit(lambda st, s, r: parts.bt_step(st, s, xlm.EN, xlm.FR, r))(
+    state, sentences, rng
+  )
   # The source is the current model's greedy translation, closed by EOS as XLM checks.
   np.testing.assert_array_equal(generated, generate(state.params, sentences))
   assert ((np.asarray(generated) == noise.EOS).sum(axis=1) == 2).all()
 
   @jax.jit
   def bt_loss(source):
-    logits = parts.module.apply({'params': state.params}, source, xlm.FR,
-                                sentences[:, :-1], xlm.EN, True, rngs={'dropout': rng})
+    logits = parts.module.apply(
+      {'params': state.params},
+      source,
+      xlm.FR,
+      sentences[:, :-1],
+      xlm.EN,
+      True,
+      rngs={'dropout': rng},
+    )
     return xlm.cross_entropy(logits, sentences[:, 1:])
 
   # The update's loss is the loss of that source (and not of another sentence's).
@@ -129,7 +142,7 @@ def _rows(n=64, words=28, seed=0):
   rows = np.full((n, words + 2), noise.PAD, np.int32)
   for i, m in enumerate(lengths):
     rows[i, 0] = rows[i, m + 1] = noise.EOS
-    rows[i, 1:m + 1] = noise.FIRST_WORD + np.arange(m)
+    rows[i, 1 : m + 1] = noise.FIRST_WORD + np.arange(m)
   return jnp.asarray(rows), lengths
 
 
@@ -140,9 +153,9 @@ def test_word_shuffle_moves_words_less_than_three_places():
   moved = 0
   for row, new, m in zip(np.asarray(rows), out, lengths):
     np.testing.assert_array_equal(new[0], noise.EOS)
-    np.testing.assert_array_equal(new[m + 1:], row[m + 1:])  # closing EOS and padding stay
-    assert sorted(new[1:m + 1]) == sorted(row[1:m + 1])
-    displacement = np.abs(np.argsort(new[1:m + 1]) - np.arange(m))
+    np.testing.assert_array_equal(new[m + 1 :], row[m + 1 :])  # closing EOS and padding stay
+    assert sorted(new[1 : m + 1]) == sorted(row[1 : m + 1])
+    displacement = np.abs(np.argsort(new[1 : m + 1]) - np.arange(m))
     assert displacement.max() < 3
     moved += int((displacement > 0).sum())
   assert moved > 0.2 * lengths.sum()
@@ -157,9 +170,9 @@ def test_word_dropout_keeps_a_subsequence_and_pads_the_end():
   for row, new, m in zip(np.asarray(rows), out, lengths):
     n = int((new != noise.PAD).sum())
     assert new[0] == noise.EOS and new[n - 1] == noise.EOS and (new[n:] == noise.PAD).all()
-    kept = new[1:n - 1]
+    kept = new[1 : n - 1]
     assert 1 <= len(kept) <= m and (np.diff(kept) > 0).all()  # in order, a subsequence
-    assert set(kept) <= set(row[1:m + 1])
+    assert set(kept) <= set(row[1 : m + 1])
     dropped += m - len(kept)
   assert 0.05 < dropped / lengths.sum() < 0.15
   # Dropping everything still leaves one word, as XLM does.

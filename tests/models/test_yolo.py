@@ -26,7 +26,8 @@ def test_output_shapes_at_608():
   model = yolo.YOLOv3(CFG)
   batch = jax.eval_shape(lambda: yolo.make_batch(CFG, jax.random.key(0), 1))
   outputs, _ = jax.eval_shape(
-      lambda b: model.init_with_output(jax.random.key(0), b, train=False), batch)
+    lambda b: model.init_with_output(jax.random.key(0), b, train=False), batch
+  )
   assert [o.shape for o in outputs] == [(1, g, g, 3, 85) for g in GRIDS]
 
 
@@ -36,21 +37,23 @@ def _px_box(cx, cy, w, h):
 
 @jax.jit
 def _build(boxes, classes, valid):
-  return yolo_targets.build_targets(boxes, classes, valid, yolo.anchors(CFG), GRIDS,
-                                    yolo.ANCHOR_MASKS)
+  return yolo_targets.build_targets(
+    boxes, classes, valid, yolo.anchors(CFG), GRIDS, yolo.ANCHOR_MASKS
+  )
 
 
 def _targets(boxes, classes, valid):
-  return _build(jnp.asarray([boxes], jnp.float32), jnp.asarray([classes], jnp.int32),
-                jnp.asarray([valid]))
+  return _build(
+    jnp.asarray([boxes], jnp.float32), jnp.asarray([classes], jnp.int32), jnp.asarray([valid])
+  )
 
 
 def test_each_box_lands_on_its_scale_cell_and_anchor():
   boxes = [
-      _px_box(300, 100, 116, 90),  # anchor 6: stride 32, first anchor, cell (x 9, y 3)
-      _px_box(500, 20, 10, 13),  # anchor 0: stride 8, first anchor, cell (62, 2)
-      _px_box(40, 600, 62, 45),  # anchor 4: stride 16, second anchor, cell (2, 37)
-      _px_box(304, 304, 150, 200),  # anchor 7: stride 32, second anchor, cell (9, 9)
+    _px_box(300, 100, 116, 90),  # anchor 6: stride 32, first anchor, cell (x 9, y 3)
+    _px_box(500, 20, 10, 13),  # anchor 0: stride 8, first anchor, cell (62, 2)
+    _px_box(40, 600, 62, 45),  # anchor 4: stride 16, second anchor, cell (2, 37)
+    _px_box(304, 304, 150, 200),  # anchor 7: stride 32, second anchor, cell (9, 9)
   ]
   classes = [3, 17, 42, 79]
   targets = _targets(boxes, classes, [True] * 4)
@@ -61,12 +64,16 @@ def test_each_box_lands_on_its_scale_cell_and_anchor():
     assert t['cls'][0, row, col, anchor] == classes[box]
     cx, cy, w, h = boxes[box]
     grid = GRIDS[scale]
-    np.testing.assert_allclose(t['txy'][0, row, col, anchor], [cx * grid - col, cy * grid - row],
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+      t['txy'][0, row, col, anchor], [cx * grid - col, cy * grid - row], rtol=1e-5
+    )
     aw, ah = CFG['anchors'][yolo.ANCHOR_MASKS[scale][anchor]]
-    np.testing.assert_allclose(t['twh'][0, row, col, anchor],
-                               [math.log(w * 608 / aw), math.log(h * 608 / ah)], rtol=1e-5,
-                               atol=1e-6)
+    np.testing.assert_allclose(
+      t['twh'][0, row, col, anchor],
+      [math.log(w * 608 / aw), math.log(h * 608 / ah)],
+      rtol=1e-5,
+      atol=1e-6,
+    )
     np.testing.assert_allclose(t['weight'][0, row, col, anchor], 2 - w * h, rtol=1e-6)
   # Nothing else is a target: two boxes on the coarse scale, one on each other scale.
   assert [float(t['obj'].sum()) for t in targets] == [2.0, 1.0, 1.0]
@@ -90,8 +97,11 @@ def test_loss_ignores_padding_on_a_synthetic_batch():
   rng = np.random.default_rng(0)
   outputs = [jnp.asarray(rng.normal(size=(4, g, g, 3, 85)), jnp.float32) for g in (2, 4, 8)]
   other = make_batch(jax.random.key(4))
-  scrambled = dict(batch, boxes=jnp.where(valid[..., None], batch['boxes'], other['boxes']),
-                   classes=jnp.where(valid, batch['classes'], other['classes']))
+  scrambled = dict(
+    batch,
+    boxes=jnp.where(valid[..., None], batch['boxes'], other['boxes']),
+    classes=jnp.where(valid, batch['classes'], other['classes']),
+  )
   loss = jax.jit(lambda o, b: yolo.loss(cfg, o, b))
   value, terms = loss(outputs, batch)
   assert np.isfinite(value) and terms['obj'] > 0
@@ -115,15 +125,24 @@ def test_box_size_gradient_is_darknets_delta():
   """d loss / d tw = (2 - w h) (tw - log(w / anchor)), per image, on a positive."""
   box = _px_box(300, 100, 100, 80)
   raw = [jnp.full((1, g, g, 3, 85), 0.3) for g in GRIDS]
-  grads = jax.jit(jax.grad(lambda r: yolo_targets.yolo_loss(
-      r, jnp.asarray([[box]]), jnp.asarray([[5]]), jnp.asarray([[True]]),
-      yolo.anchors(CFG), yolo.ANCHOR_MASKS)[0]))(raw)
+  grads = jax.jit(
+    jax.grad(
+      lambda r: yolo_targets.yolo_loss(
+        r,
+        jnp.asarray([[box]]),
+        jnp.asarray([[5]]),
+        jnp.asarray([[True]]),
+        yolo.anchors(CFG),
+        yolo.ANCHOR_MASKS,
+      )[0]
+    )
+  )(raw)
   aw, ah = CFG['anchors'][6]
   weight = 2 - box[2] * box[3]
-  np.testing.assert_allclose(grads[0][0, 3, 9, 0, 2], weight * (0.3 - math.log(100 / aw)),
-                             rtol=1e-5)
-  np.testing.assert_allclose(grads[0][0, 3, 9, 0, 3], weight * (0.3 - math.log(80 / ah)),
-                             rtol=1e-5)
+  np.testing.assert_allclose(
+    grads[0][0, 3, 9, 0, 2], weight * (0.3 - math.log(100 / aw)), rtol=1e-5
+  )
+  np.testing.assert_allclose(grads[0][0, 3, 9, 0, 3], weight * (0.3 - math.log(80 / ah)), rtol=1e-5)
 
 
 def test_flops_match_darknets_figure():
