@@ -52,7 +52,7 @@ def main(argv: list[str]) -> int:
     )
   except backend.BackendError as e:
     _fail(str(e))
-  from jaxbench import bench, cli, describe, predict, report  # pylint: disable=g-import-not-at-top
+  from jaxbench import bench, cli, describe, runner  # pylint: disable=g-import-not-at-top
 
   try:
     plan = cli.plan(FLAGS)
@@ -65,35 +65,7 @@ def main(argv: list[str]) -> int:
     for w in plan.workloads:
       print(describe.describe(w, plan.options.tiny, dict(plan.options.overrides)))
     return 0
-  options = bench.resolve_tiny(plan.options, run_flags.TINY.value)
-  predicting = req.kind == emulation.PREDICT
-  gpu = req.gpus[0] if req.gpus and not predicting else None
-  results, log = [], lambda line: print(line, flush=True)
-  for w in plan.workloads:
-    what = (
-      'compile-only prediction'
-      if predicting
-      else 'max-batch search'
-      if options.batch_size is None
-      else 'fixed batch'
-    )
-    print(f'{w.name}: {what}{" (tiny preset)" if options.tiny else ""}', flush=True)
-    for result in (
-      predict.predict(w, options, list(req.gpus), plan.remat, log)
-      if predicting
-      else [emulation.annotate(bench.run(w, options, memory, log), gpu, options.overrides)]
-    ):
-      results.append(result)
-      if plan.output:
-        report.append_jsonl(plan.output, result)
-  if not predicting:
-    print()
-    print(report.table(results))
-    print(report.notes(results))
-    for r in results:
-      if r['emulation']:
-        print(f"{r['workload']}: {r['emulation']['how']}, as a {r['emulation']['display']}")
-  return 0 if all(r['status'] in ('ok', 'oom') for r in results) else 1
+  return runner.run(plan, bench.resolve_tiny(plan.options, run_flags.TINY.value), req, memory)
 
 
 if __name__ == '__main__':

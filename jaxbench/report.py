@@ -12,7 +12,7 @@ COLUMNS = (
   'steps/s',
   'throughput',
   'step ms (spread)',
-  'peak GB',
+  'peak memory',
   'compile s',
   'TFLOP/s',
   'status',
@@ -21,6 +21,12 @@ COLUMNS = (
 
 def _fmt(value, spec, missing='-'):
   return missing if value is None else format(value, spec)
+
+
+def _bytes(n: int | None) -> str:
+  if n is None:
+    return '-'
+  return f'{n / 1e9:.2f} GB' if n >= 1e8 else f'{n / 1e6:.2f} MB'
 
 
 def row(result: dict[str, Any]) -> tuple[str, ...]:
@@ -44,7 +50,7 @@ def row(result: dict[str, Any]) -> tuple[str, ...]:
     _fmt(m.get('steps_per_s'), '.3f'),
     throughput,
     step_txt,
-    _fmt(None if peak is None else peak / 1e9, '.3g'),
+    _bytes(peak),
     _fmt(m.get('compile_s'), '.1f'),
     _fmt(m.get('tflops_per_s'), '.1f'),
     status[:80],

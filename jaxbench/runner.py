@@ -1,0 +1,39 @@
+"""Run a validated plan: each workload searched (or predicted), timed, reported, stored."""
+
+from typing import Any
+
+from jaxbench import backend, bench, cli, emulation, predict, report
+
+
+def _what(predicting: bool, options: bench.Options) -> str:
+  if predicting:
+    return 'compile-only prediction'
+  return 'max-batch search' if options.batch_size is None else 'fixed batch'
+
+
+def run(plan: cli.Plan, options: bench.Options, req: Any, memory: backend.MemorySetup) -> int:
+  """Returns the exit status: 0 when every result is ok or out of memory, else 1."""
+  predicting = req.kind == emulation.PREDICT
+  gpu = req.gpus[0] if req.gpus and not predicting else None
+  results, log = [], lambda line: print(line, flush=True)
+  for w in plan.workloads:
+    print(
+      f'{w.name}: {_what(predicting, options)}{" (tiny preset)" if options.tiny else ""}',
+      flush=True,
+    )
+    if predicting:
+      produced = predict.predict(w, options, list(req.gpus), plan.remat, log)
+    else:
+      produced = [emulation.annotate(bench.run(w, options, memory, log), gpu, options.overrides)]
+    for result in produced:
+      results.append(result)
+      if plan.output:
+        report.append_jsonl(plan.output, result)  # each result whole, as soon as it exists
+  if not predicting:
+    print()
+    print(report.table(results))
+    print(report.notes(results))
+    for r in results:
+      if r['emulation']:
+        print(f"{r['workload']}: {r['emulation']['how']}, as a {r['emulation']['display']}")
+  return 0 if all(r['status'] in ('ok', 'oom') for r in results) else 1
