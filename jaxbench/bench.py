@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 import jaxbench
-from jaxbench import backend, precision, search, timing
+from jaxbench import backend, precision, report, search, timing
 from jaxbench import program as prog
 from jaxbench import workload as wl
 
@@ -161,7 +161,9 @@ def run(w: wl.Workload, opts: Options, memory: backend.MemorySetup, log=print) -
 
 
 def _trial_line(w: wl.Workload, t: search.Trial) -> str:
-  peak = '' if t.predicted_peak_bytes is None else f' peak {t.predicted_peak_bytes / 1e9:.2f} GB'
+  peak = (
+    '' if t.predicted_peak_bytes is None else f' peak {report.human_bytes(t.predicted_peak_bytes)}'
+  )
   comp = '' if t.compile_s is None else f' compile {t.compile_s:.1f}s'
   why = f' ({t.detail})' if t.detail and not t.fits else ''
   return f'  {w.name}: batch {t.batch} {w.unit}: {t.outcome}{peak}{comp}{why}'

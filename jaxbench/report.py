@@ -23,7 +23,7 @@ def _fmt(value, spec, missing='-'):
   return missing if value is None else format(value, spec)
 
 
-def _bytes(n: int | None) -> str:
+def human_bytes(n: int | None) -> str:
   if n is None:
     return '-'
   return f'{n / 1e9:.2f} GB' if n >= 1e8 else f'{n / 1e6:.2f} MB'
@@ -50,7 +50,7 @@ def row(result: dict[str, Any]) -> tuple[str, ...]:
     _fmt(m.get('steps_per_s'), '.3f'),
     throughput,
     step_txt,
-    _bytes(peak),
+    human_bytes(peak),
     _fmt(m.get('compile_s'), '.1f'),
     _fmt(m.get('tflops_per_s'), '.1f'),
     status[:80],
@@ -99,7 +99,8 @@ def notes(results: Iterable[dict[str, Any]]) -> str:
       f"{r['workload']}: memory {memory}"
       f", budget {'-' if budget is None else format(budget / 1e9, '.2f') + ' GB'}"
       f" enforced by {mem['enforced_by']}; XLA rematerialization {'on' if mem['remat'] else 'off'}"
-      f"; search {r['search']['mode']}, {len(r['search']['trials'])} trials,"
+      f"; {'max-batch search' if r['search']['mode'] == 'search' else 'fixed batch'},"
+      f" {len(r['search']['trials'])} trials,"
       f" {r['search']['seconds']:.1f} s."
     )
   return '\n'.join(out)
