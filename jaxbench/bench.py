@@ -63,16 +63,16 @@ def memory_budget(memory: backend.MemorySetup, on_gpu: bool) -> tuple[int | None
   ), f'compile-time analysis (CPU default {CPU_DEFAULT_BUDGET_GB} GB)'
 
 
-def run(w: wl.Workload, opts: Options, memory: backend.MemorySetup, log=print) -> dict[str, Any]:
-  """Search the max batch (or take opts.batch_size), time it, and return the result."""
-  policy = precision.get(opts.precision or w.default_precision)
-  cfg = w.resolve(tiny=opts.tiny, overrides=dict(opts.overrides))
-  dev = device_info()
-  on_gpu = dev['platform'] == 'gpu'
-  budget, enforced = memory_budget(memory, on_gpu)
-  result: dict[str, Any] = {
+def now() -> str:
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
+
+
+def identity(
+  w: wl.Workload, cfg: wl.Config, policy: precision.Policy, tiny: bool, dev: dict[str, Any]
+) -> dict[str, Any]:
+  """What every result records about its software, device and workload (the schema's head)."""
+  return {
     'schema': SCHEMA,
-    'timestamp': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
     'jaxbench_version': jaxbench.__version__,
     'jax_version': jax.__version__,
     'python': sys.version.split()[0],
@@ -82,8 +82,21 @@ def run(w: wl.Workload, opts: Options, memory: backend.MemorySetup, log=print) -
     'unit': w.unit,
     'throughput_unit': w.throughput_unit,
     'precision': policy.name,
-    'tiny': opts.tiny,
+    'tiny': tiny,
     'config': dict(cfg),
+  }
+
+
+def run(w: wl.Workload, opts: Options, memory: backend.MemorySetup, log=print) -> dict[str, Any]:
+  """Search the max batch (or take opts.batch_size), time it, and return the result."""
+  policy = precision.get(opts.precision or w.default_precision)
+  cfg = w.resolve(tiny=opts.tiny, overrides=dict(opts.overrides))
+  dev = device_info()
+  on_gpu = dev['platform'] == 'gpu'
+  budget, enforced = memory_budget(memory, on_gpu)
+  result: dict[str, Any] = {
+    **identity(w, cfg, policy, opts.tiny, dev),
+    'timestamp': now(),
     'memory': {
       'limit_bytes': memory.limit_bytes,
       'budget_bytes': budget,

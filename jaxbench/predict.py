@@ -9,15 +9,9 @@ differently).
 """
 
 import dataclasses
-import datetime
-import os
-import sys
 import time
 from typing import Any, Callable, Iterator
 
-import jax
-
-import jaxbench
 from jaxbench import bench, catalog, emulation, precision, search
 from jaxbench import program as prog
 from jaxbench import workload as wl
@@ -63,18 +57,7 @@ def predict(
   program = prog.Program(w, cfg, policy, seed=opts.seed)
   memo = PeakMemo(program)
   header = {
-    'schema': bench.SCHEMA,
-    'jaxbench_version': jaxbench.__version__,
-    'jax_version': jax.__version__,
-    'python': sys.version.split()[0],
-    'device': bench.device_info(),
-    'xla_flags': os.environ.get('XLA_FLAGS', ''),
-    'workload': w.name,
-    'unit': w.unit,
-    'throughput_unit': w.throughput_unit,
-    'precision': policy.name,
-    'tiny': opts.tiny,
-    'config': dict(cfg),
+    **bench.identity(w, cfg, policy, opts.tiny, bench.device_info()),
     'params': program.param_counts(),
   }
   for gpu in sorted(gpus, key=lambda g: g.cap_bytes):
@@ -83,7 +66,7 @@ def predict(
     fits = [t for t in found.trials if t.fits and t.examples == found.max_examples]
     result = {
       **header,
-      'timestamp': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
+      'timestamp': bench.now(),
       'memory': {
         'limit_bytes': gpu.cap_bytes,
         'budget_bytes': gpu.cap_bytes,
