@@ -107,6 +107,19 @@ class TrainState:
   opt_state: Any
   loss_scale: Any  # flax DynamicScale under fp16, else None
 
+  @classmethod
+  def create(
+    cls, params, tx: optax.GradientTransformation, policy: precision.Policy, model_state=None
+  ) -> 'TrainState':
+    """Step 0: fresh optimizer state and the policy's initial loss scale."""
+    return cls(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      model_state={} if model_state is None else model_state,
+      opt_state=tx.init(params),
+      loss_scale=policy.initial_scale(),
+    )
+
 
 def supervised(
   model: Callable[[Config, Any], nn.Module],
@@ -132,13 +145,7 @@ def supervised(
       batch = make_batch(cfg, batch_rng, 1)
       variables = module.init({'params': params_rng, 'dropout': dropout_rng}, batch, train=False)
       params = variables.pop('params')
-      return TrainState(
-        step=jnp.zeros((), jnp.int32),
-        params=params,
-        model_state=variables,
-        opt_state=tx.init(params),
-        loss_scale=policy.initial_scale(),
-      )
+      return TrainState.create(params, tx, policy, model_state=variables)
 
     def step(state, batch, rng):
       rng = jax.random.fold_in(rng, state.step)

@@ -167,13 +167,7 @@ def trainer(cfg, policy):
     batch = make_batch(cfg, batch_rng, 1)[TASKS[0].name]  # a pair task: every head can run
     variables = module.init({'params': params_rng, 'dropout': dropout_rng}, batch, train=False)
     params = variables['params']
-    return wl.TrainState(
-      step=jnp.zeros((), jnp.int32),
-      params=params,
-      model_state={},
-      opt_state=tx.init(params),
-      loss_scale=policy.initial_scale(),
-    )
+    return wl.TrainState.create(params, tx, policy)
 
   def loss_fn(params, index, tokens, segments, labels, rng):
     encoder_rng, head_rng = jax.random.split(rng)
@@ -292,12 +286,7 @@ MT_DNN_CONFIG = dict(
   clip=1.0,
 )
 MT_DNN_TINY = dict(
-  vocab=128,
-  hidden=32,
-  layers=2,
-  heads=4,
-  ffn=64,
-  max_positions=32,
+  bert.TINY_ENCODER,
   seq_len=16,
   lr=1e-3,
   total_steps=400,

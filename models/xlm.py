@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxbench import workload as wl
-from models import transformer
+from models import rbg_init, transformer
 from models.xlm_model import EncoderDecoder
 from models.xlm_noise import EOS, FIRST_WORD, PAD, add_noise
 
@@ -111,13 +111,7 @@ def build(cfg, policy) -> Parts:
     params = module.init(
       {'params': params_rng, 'dropout': dropout_rng}, src, EN, src[:, :-1], FR, False
     )['params']
-    return wl.TrainState(
-      step=jnp.zeros((), jnp.int32),
-      params=params,
-      model_state={},
-      opt_state=tx.init(params),
-      loss_scale=policy.initial_scale(),
-    )
+    return wl.TrainState.create(params, tx, policy)
 
   def update(state, src_BxS, src_lang, tgt_BxT, tgt_lang, rng):
     """One supervised optimizer update: predict tgt[1:] from src and tgt[:-1]."""
@@ -165,21 +159,14 @@ def build(cfg, policy) -> Parts:
   return Parts(module, init, update, ae_step, bt_step)
 
 
-def as_rbg(rng):
-  """The same randomness on the RBG generator (XLA's RngBitGenerator, Philox on GPU).
-
-  Threefry's unrolled rounds at each of the twelve attention-weight dropouts made
-  the step's compile twice as long; RBG keys derive and split the same way.
-  """
-  return jax.random.wrap_key_data(jax.random.bits(rng, (4,), jnp.uint32), impl='rbg')
-
-
 def trainer(cfg, policy) -> wl.Trainer:
   parts = build(cfg, policy)
   langs = jnp.array([EN, FR], jnp.int32)
 
   def step(state, batch, rng):
-    rng = as_rbg(jax.random.fold_in(rng, state.step))
+    # RBG keys: threefry's unrolled rounds at each of the twelve attention-weight dropouts
+    # made the step's compile twice as long.
+    rng = rbg_init.rbg_key(jax.random.fold_in(rng, state.step))
     ae_rngs = jax.random.split(jax.random.fold_in(rng, 0), 2)
     bt_rngs = jax.random.split(jax.random.fold_in(rng, 1), 2)
 
