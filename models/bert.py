@@ -187,13 +187,10 @@ BERT_BASE_CONFIG = dict(
   warmup=10000,
   total_steps=1000000,
 )
+# The encoder of every tiny BERT preset (bert_base, bert_squad, mt_dnn).
+TINY_ENCODER = dict(vocab=128, hidden=32, layers=2, heads=4, ffn=64, max_positions=32)
 BERT_TINY = dict(
-  vocab=128,
-  hidden=32,
-  layers=2,
-  heads=4,
-  ffn=64,
-  max_positions=32,
+  TINY_ENCODER,
   seq_len=16,
   masked=4,
   lr=1e-3,
@@ -273,12 +270,7 @@ BERT_SQUAD_CONFIG = dict(
 )
 del BERT_SQUAD_CONFIG['masked']
 BERT_SQUAD_TINY = dict(
-  vocab=128,
-  hidden=32,
-  layers=2,
-  heads=4,
-  ffn=64,
-  max_positions=32,
+  TINY_ENCODER,
   seq_len=24,
   question_len=8,
   max_answer_len=4,

@@ -17,12 +17,12 @@ import optax
 
 from jaxbench import workload as wl
 from models import detection_ops as ops
-from models import mask_rcnn_data, resnet_fpn
+from models import mask_rcnn_data, rbg_init, resnet_fpn
 from models.mask_rcnn_targets import loss, propose, roi_targets, rpn_targets
 
-normal = lambda std: resnet_fpn.rbg(nn.initializers.normal(std))
-fc_init = resnet_fpn.rbg(nn.initializers.variance_scaling(1.0, 'fan_in', 'uniform'))  # a=1
-mask_init = resnet_fpn.rbg(nn.initializers.variance_scaling(2.0, 'fan_out', 'normal'))
+normal = lambda std: rbg_init.rbg(nn.initializers.normal(std))
+fc_init = rbg_init.rbg(nn.initializers.variance_scaling(1.0, 'fan_in', 'uniform'))  # a=1
+mask_init = rbg_init.rbg(nn.initializers.variance_scaling(2.0, 'fan_out', 'normal'))
 
 
 def strides(cfg):
@@ -132,7 +132,7 @@ class MaskRCNN(nn.Module):
     gt_boxes, gt_valid = batch['gt_boxes'], batch['gt_valid']
     # The samplers' randomness: one draw (each jax.random call compiles its own hash).
     priority = jax.random.uniform(
-      resnet_fpn.as_rbg(self.make_rng('dropout')),
+      rbg_init.rbg_key(self.make_rng('dropout')),
       (b, num_anchors + cfg['post_nms_top_n'] + gt_valid.shape[1]),
     )
 

@@ -12,7 +12,7 @@ to_image_list pads to a size divisible by 32.
 import jax
 import jax.numpy as jnp
 
-from models import resnet_fpn
+from models import rbg_init
 
 # A tuple, not a jnp array: an array here would start the JAX backend on import.
 PIXEL_MEAN = (102.9801, 115.9465, 122.7717)
@@ -95,4 +95,4 @@ def make_batch(cfg, rng, n):
     }
 
   # RBG keys: each threefry draw would compile its own hash kernel.
-  return jax.vmap(one)(jax.random.split(resnet_fpn.as_rbg(rng), n))
+  return jax.vmap(one)(jax.random.split(rbg_init.rbg_key(rng), n))

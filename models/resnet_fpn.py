@@ -7,27 +7,17 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from models import rbg_init
+
 FROZEN_STAGES = ('stem', 'res2')  # FREEZE_CONV_BODY_AT: 2 freezes the stem and res2
 
 
-def rbg(init):
-  """`init` drawing from XLA's RngBitGenerator instead of a threefry hash.
-
-  Each threefry draw compiles its own hash kernel; with a hundred parameters that dominated
-  the compile of `init`. The key's raw words seed the generator, so nothing is hashed.
-  """
-
-  return lambda key, shape, dtype=jnp.float32: init(as_rbg(key), shape, dtype)
-
-
-def as_rbg(key):
-  """An RBG key seeded with `key`'s raw words (no hash is compiled)."""
-  words = jax.random.key_data(key).reshape(-1)
-  return jax.random.wrap_key_data(jnp.tile(words, 4 // words.shape[0]), impl='rbg')
-
-
-conv_init = rbg(nn.initializers.variance_scaling(2.0, 'fan_out', 'normal'))  # kaiming_normal_
-fpn_init = rbg(nn.initializers.variance_scaling(1.0, 'fan_in', 'uniform'))  # kaiming_uniform a=1
+conv_init = rbg_init.rbg(
+  nn.initializers.variance_scaling(2.0, 'fan_out', 'normal')
+)  # kaiming_normal_
+fpn_init = rbg_init.rbg(
+  nn.initializers.variance_scaling(1.0, 'fan_in', 'uniform')
+)  # kaiming_uniform a=1
 
 
 class FrozenBatchNorm(nn.Module):
