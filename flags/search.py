@@ -21,6 +21,14 @@ VERIFY_PREDICTED_OOM = flags.DEFINE_bool(
   'Also run the batches whose predicted peak exceeds the budget, '
   'to see them fail for real (slower; proves the compile-time forecast).',
 )
+SEARCH_TOLERANCE = flags.DEFINE_float(
+  'search_tolerance',
+  0.0,
+  'Stop the search once the largest fitting and the smallest failing batch are '
+  'within this fraction of the former (e.g. 0.01); 0 searches to one example. Where XLA\'s '
+  'memory plan is not monotone in the batch (seen on transformer_big) the last probes of an exact '
+  'search chase noise; a tolerance saves those compiles and the result records it.',
+)
 MAX_EXAMPLES = flags.DEFINE_integer(
   'max_examples', 1 << 20, 'Stop the search at this many examples per batch.'
 )

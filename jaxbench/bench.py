@@ -31,6 +31,7 @@ class Options:
   seed: int = 0
   max_examples: int = 1 << 20
   verify_predicted_oom: bool = False
+  search_tolerance: float = 0.0  # stop within this fraction of the max (0: to one example)
 
 
 def device_info() -> dict[str, Any]:
@@ -128,8 +129,9 @@ def run(w: wl.Workload, opts: Options, memory: backend.MemorySetup, log=print) -
       opts.max_examples,
       opts.verify_predicted_oom,
       on_trial=lambda t: log(_trial_line(w, t)),
+      tolerance=opts.search_tolerance,
     )
-    result['search'] = {'mode': 'search'}
+    result['search'] = {'mode': 'search', 'tolerance': opts.search_tolerance}
   result['search'].update(
     trials=[dataclasses.asdict(t) for t in found.trials],
     seconds=round(found.seconds, 2),

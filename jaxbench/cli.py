@@ -63,6 +63,8 @@ def plan(f) -> Plan:
   ):
     if value < least:
       raise UsageError(f'--{name} must be at least {least}, got {value}')
+  if not 0 <= f.search_tolerance < 1:
+    raise UsageError(f'--search_tolerance must be in [0, 1), got {f.search_tolerance}')
   if f.steps < f.windows:
     raise UsageError(f'--steps ({f.steps}) must be at least --windows ({f.windows})')
   if f.batch_size is not None and f.batch_size <= 0:
@@ -99,6 +101,7 @@ def plan(f) -> Plan:
     seed=f.seed,
     max_examples=f.max_examples,
     verify_predicted_oom=f.verify_predicted_oom,
+    search_tolerance=f.search_tolerance,
   )
   return Plan(
     'describe' if f.describe else 'run',

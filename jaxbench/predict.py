@@ -62,7 +62,9 @@ def predict(
   }
   for gpu in sorted(gpus, key=lambda g: g.cap_bytes):
     start, compiles = time.perf_counter(), memo.compiles
-    found = search.find_max_batch(memo, gpu.cap_bytes, opts.max_examples, run_steps=0)
+    found = search.find_max_batch(
+      memo, gpu.cap_bytes, opts.max_examples, run_steps=0, tolerance=opts.search_tolerance
+    )
     fits = [t for t in found.trials if t.fits and t.examples == found.max_examples]
     result = {
       **header,

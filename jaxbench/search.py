@@ -194,11 +194,13 @@ def find_max_batch(
   verify_predicted_oom: bool = False,
   on_trial: Callable[[Trial], None] | None = None,
   run_steps: int = 2,
+  tolerance: float = 0.0,
 ) -> Result:
   """Search the largest number of examples whose step fits; see the module docstring.
 
   run_steps=0 is the compile-only search (--predict): nothing runs, a batch fits when its
-  predicted peak is within the budget, so the budget must be given.
+  predicted peak is within the budget, so the budget must be given. The search ends when the
+  largest fit and the smallest failure are one example apart, or within `tolerance` x the fit.
   """
   if run_steps == 0 and budget_bytes is None:
     raise ValueError('a compile-only search needs a memory budget')
@@ -219,7 +221,7 @@ def find_max_batch(
       lo, best = n, compiled
     else:
       hi = n if hi is None else min(hi, n)
-    if (hi is not None and hi - lo <= 1) or lo >= max_examples:
+    if (hi is not None and hi - lo <= max(1, int(tolerance * lo))) or lo >= max_examples:
       return Result(lo, trials, time.perf_counter() - start, budget_bytes, best)
     # A gallop that stayed on its side (up and fitting, down and failing) doubles its step.
     kept_going = (direction == 'up' and trial.fits) or (direction == 'down' and not trial.fits)

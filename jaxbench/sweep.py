@@ -237,6 +237,7 @@ def passthrough(f) -> list[str]:
     f'--warmup_steps={f.warmup_steps}',
     f'--seed={f.seed}',
     f'--max_examples={f.max_examples}',
+    f'--search_tolerance={f.search_tolerance}',
     '--remat' if f.remat else '--noremat',
     '--triton_gemm' if f.triton_gemm else '--notriton_gemm',
     '--verify_predicted_oom' if f.verify_predicted_oom else '--noverify_predicted_oom',

@@ -102,6 +102,17 @@ def test_a_runtime_boundary_just_below_the_forecast_costs_few_probes():
   assert len(r.trials) <= 12, [t.examples for t in r.trials]
 
 
+def test_a_tolerance_stops_the_search_early_with_a_true_fit():
+  # Without a budget the search doubles then bisects: 8 probes past 512 to pin 700 exactly.
+  exact = search.find_max_batch(FakeProgram(run_fails_above=700), budget_bytes=None)
+  loose = search.find_max_batch(FakeProgram(run_fails_above=700), budget_bytes=None, tolerance=0.02)
+  assert exact.max_examples == 700
+  fails = min(t.examples for t in loose.trials if not t.fits)
+  assert loose.max_examples <= 700 < fails <= loose.max_examples * 1.02 + 1
+  assert loose.best.n == loose.max_examples  # the reported max is one that ran
+  assert len(loose.trials) < len(exact.trials)
+
+
 def test_doubling_without_a_budget_relies_on_real_runs():
   p = FakeProgram(run_fails_above=37)
   r = search.find_max_batch(p, budget_bytes=None)

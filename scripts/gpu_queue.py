@@ -1,0 +1,80 @@
+"""Run a queue of jaxbench commands on every local GPU at once, one command per GPU.
+
+Each line of the job file is the arguments of one `python -m jaxbench.main` run
+(blank lines and # comments skipped). One worker per GPU takes the next job,
+runs it with CUDA_VISIBLE_DEVICES set to its GPU and its log in OUT/, and takes
+another when it ends, until the queue is empty or the deadline comes; a job
+still running at the deadline is interrupted (SIGINT, then SIGKILL), and its
+log keeps every search trial it printed. Results go to OUT/results.jsonl (each
+run appends whole lines). Used for the runs behind docs/results/.
+
+  python3 scripts/gpu_queue.py JOBS OUT DEADLINE_S [GPUS]
+"""
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+jobs_file, out, deadline_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
+MIN_START_S = 120  # a job started with less time left could not finish a search
+gpus = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+start = time.monotonic()
+os.makedirs(out, exist_ok=True)
+with open(jobs_file) as f:
+  queue = [line.strip() for line in f if line.strip() and not line.lstrip().startswith('#')]
+lock = threading.Lock()
+summary = []
+
+
+def worker(gpu: int) -> None:
+  while True:
+    with lock:
+      if not queue:
+        return
+      index = len(summary)
+      args = queue.pop(0)
+      summary.append(None)
+    left = deadline_s - (time.monotonic() - start)
+    if left < MIN_START_S:
+      summary[index] = f'{index:02d} gpu{gpu} not started (deadline): {args}'
+      continue
+    log = os.path.join(out, f'job{index:02d}.log')
+    cmd = [
+      sys.executable,
+      '-m',
+      'jaxbench.main',
+      f'--output={out}/results.jsonl',
+      *shlex.split(args),
+    ]
+    env = {**os.environ, 'CUDA_VISIBLE_DEVICES': str(gpu), 'PYTHONUNBUFFERED': '1'}
+    t0 = time.monotonic()
+    with open(log, 'w') as f:
+      f.write(f'# gpu{gpu}: {shlex.join(cmd)}\n')
+      f.flush()
+      proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+      try:
+        rc = proc.wait(timeout=left)
+      except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+          rc = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+          proc.kill()
+          rc = proc.wait()
+        rc = f'{rc} (cut at the deadline)'
+    summary[index] = f'{index:02d} gpu{gpu} rc={rc} {time.monotonic() - t0:.0f}s: {args}'
+    print(summary[index], flush=True)
+
+
+threads = [threading.Thread(target=worker, args=(g,)) for g in range(gpus)]
+for t in threads:
+  t.start()
+for t in threads:
+  t.join()
+with open(os.path.join(out, 'summary.txt'), 'w') as f:
+  f.write('\n'.join(s for s in summary if s) + '\n')
+print('\n'.join(s for s in summary if s and 'not started' in s))
