@@ -34,6 +34,18 @@ class Options:
   search_tolerance: float = 0.0  # stop within this fraction of the max (0: to one example)
 
 
+class Interrupted(KeyboardInterrupt):
+  """A run stopped by SIGINT (Ctrl-C, a queue's deadline), carrying what it had found.
+
+  The result has status 'interrupted': the search trials so far, and the max batch as the
+  largest batch that ran (a lower bound while the search was still going).
+  """
+
+  def __init__(self, result: dict[str, Any]):
+    super().__init__(f"{result['workload']} interrupted")
+    self.result = result
+
+
 def device_info() -> dict[str, Any]:
   dev = jax.devices()[0]
   stats = prog.device_memory() or {}
@@ -105,14 +117,47 @@ def run(w: wl.Workload, opts: Options, memory: backend.MemorySetup, log=print) -
       'remat': memory.remat,
     },
   }
+  progress = _Progress()
+  try:
+    return _search_and_time(w, opts, cfg, policy, budget, result, progress, log)
+  except KeyboardInterrupt:
+    trials = progress.trials
+    fits = [t.examples for t in trials if t.fits]
+    largest = max(fits, default=0)
+    result.setdefault('search', {'mode': 'search' if opts.batch_size is None else 'fixed'})
+    result['search'].setdefault('trials', [dataclasses.asdict(t) for t in trials])
+    result['search'].setdefault('seconds', None)  # not measured: the search did not end
+    result.setdefault('max_examples', largest)
+    result.setdefault('max_batch', largest * w.example_size(cfg))
+    raise Interrupted(
+      {**result, 'status': 'interrupted', 'error': f'interrupted while {progress.phase}'}
+    ) from None
+
+
+@dataclasses.dataclass
+class _Progress:
+  """How far a run got, for the result of an interrupted one."""
+
+  phase: str = 'building the model'
+  trials: list[search.Trial] = dataclasses.field(default_factory=list)
+
+
+def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dict[str, Any]:
+  """The body of run(), reporting its phase and trials to `progress` as it goes."""
+
+  def on_trial(t: search.Trial) -> None:
+    progress.trials.append(t)
+    log(_trial_line(w, t))
+
   program = prog.Program(w, cfg, policy, seed=opts.seed)
   result['params'] = program.param_counts()
+  progress.phase = 'searching' if opts.batch_size is None else 'compiling the fixed batch'
   if opts.batch_size is not None:
     n = examples_for(w, cfg, opts.batch_size)
     trial, compiled = search.probe(
       program, n, budget, verify_predicted_oom=opts.verify_predicted_oom
     )
-    log(_trial_line(w, trial))
+    on_trial(trial)
     found = search.Result(
       n if trial.fits else 0,
       [trial],
@@ -128,7 +173,7 @@ def run(w: wl.Workload, opts: Options, memory: backend.MemorySetup, log=print) -
       budget,
       opts.max_examples,
       opts.verify_predicted_oom,
-      on_trial=lambda t: log(_trial_line(w, t)),
+      on_trial=on_trial,
       tolerance=opts.search_tolerance,
     )
     result['search'] = {'mode': 'search', 'tolerance': opts.search_tolerance}
@@ -147,6 +192,7 @@ def run(w: wl.Workload, opts: Options, memory: backend.MemorySetup, log=print) -
       'status': 'oom',
       'error': 'not even one example fits' if opts.batch_size is None else found.trials[-1].detail,
     }
+  progress.phase = f'timing at {found.max_examples * w.example_size(cfg)} {w.unit}'
   m = timing.measure(program, found.best, opts.warmup_steps, opts.steps, opts.windows)
   flops_per_step = w.flops_per_example(cfg) * m.examples
   units_per_step = w.units_per_example(cfg) * m.examples

@@ -100,7 +100,11 @@ def notes(results: Iterable[dict[str, Any]]) -> str:
       f", budget {'-' if budget is None else format(budget / 1e9, '.2f') + ' GB'}"
       f" enforced by {mem['enforced_by']}; XLA rematerialization {'on' if mem['remat'] else 'off'}"
       f"; {'max-batch search' if r['search']['mode'] == 'search' else 'fixed batch'},"
-      f" {len(r['search']['trials'])} trials,"
-      f" {r['search']['seconds']:.1f} s."
+      f" {len(r['search']['trials'])} trials"
+      + ('.' if r['search'].get('seconds') is None else f", {r['search']['seconds']:.1f} s.")
     )
+    if r['status'] == 'interrupted':
+      out.append(
+        f"{r['workload']}: {r['error']}; the largest batch that ran: {r['max_batch']} {r['unit']}."
+      )
   return '\n'.join(out)

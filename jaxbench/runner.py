@@ -24,7 +24,15 @@ def run(plan: cli.Plan, options: bench.Options, req: Any, memory: backend.Memory
     if predicting:
       produced = predict.predict(w, options, list(req.gpus), plan.remat, log)
     else:
-      produced = [emulation.annotate(bench.run(w, options, memory, log), gpu, options.overrides)]
+      try:
+        produced = [emulation.annotate(bench.run(w, options, memory, log), gpu, options.overrides)]
+      except bench.Interrupted as stop:
+        # What the search found is kept (status 'interrupted'); a sweep reruns such a cell.
+        result = emulation.annotate(stop.result, gpu, options.overrides)
+        if plan.output:
+          report.append_jsonl(plan.output, result)
+        print(report.notes([result]), flush=True)
+        raise
     for result in produced:
       results.append(result)
       if plan.output:

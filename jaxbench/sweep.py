@@ -161,7 +161,11 @@ def run(
   store.end_line(store_path)  # a cut-short last line must not swallow the next result
   done = store.latest(records)
   todo = [
-    c for c in cells if c.key not in done or (retry_failed and done[c.key]['status'] == 'failed')
+    c
+    for c in cells
+    if c.key not in done
+    or done[c.key]['status'] == 'interrupted'  # stopped by a Ctrl-C: never counted as done
+    or (retry_failed and done[c.key]['status'] == 'failed')
   ]
   out(
     f'sweep: {len(cells)} cells, {len(cells) - len(todo)} already in {store_path}, '

@@ -4,9 +4,10 @@ Each line of the job file is the arguments of one `python -m jaxbench.main` run
 (blank lines and # comments skipped). One worker per GPU takes the next job,
 runs it with CUDA_VISIBLE_DEVICES set to its GPU and its log in OUT/, and takes
 another when it ends, until the queue is empty or the deadline comes; a job
-still running at the deadline is interrupted (SIGINT, then SIGKILL), and its
-log keeps every search trial it printed. Results go to OUT/results.jsonl (each
-run appends whole lines). Used for the runs behind docs/results/.
+still running at the deadline is interrupted (SIGINT, then SIGKILL): it then
+appends a result with status 'interrupted' holding its search trials so far.
+Results go to OUT/results.jsonl (each run appends whole lines). Used for the
+runs behind docs/results/.
 
   python3 scripts/gpu_queue.py JOBS OUT DEADLINE_S [GPUS]
 """
@@ -21,6 +22,7 @@ import time
 
 jobs_file, out, deadline_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
 MIN_START_S = 120  # a job started with less time left could not finish a search
+GRACE_S = 30  # after SIGINT at the deadline, before SIGKILL
 gpus = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 start = time.monotonic()
 os.makedirs(out, exist_ok=True)
@@ -59,9 +61,11 @@ def worker(gpu: int) -> None:
       try:
         rc = proc.wait(timeout=left)
       except subprocess.TimeoutExpired:
+        # SIGINT makes jaxbench write its result so far (status 'interrupted'), but Python
+        # sees it only when XLA returns: a compile in progress is waited for a while.
         proc.send_signal(signal.SIGINT)
         try:
-          rc = proc.wait(timeout=10)
+          rc = proc.wait(timeout=GRACE_S)
         except subprocess.TimeoutExpired:
           proc.kill()
           rc = proc.wait()

@@ -1,6 +1,7 @@
 """The max-batch search: doubling, the line jump, bisection, the boundary, OOM handling."""
 
 import gc
+import json
 
 import jax
 import pytest
@@ -211,3 +212,29 @@ def test_a_failed_trial_leaves_no_arrays_behind():
   trial, best = search.probe(p, 2, budget_bytes=None)
   assert trial.outcome == search.OOM_RUN and best is None
   assert len(jax.live_arrays()) == before
+
+
+def test_an_interrupt_during_timing_keeps_the_search_in_the_output(tmp_path, monkeypatch):
+  """Ctrl-C (or a queue's SIGINT) after the search: one whole line, status 'interrupted'."""
+  from jaxbench import backend, cli, emulation, runner
+
+  def interrupted(*args, **kwargs):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(bench.timing, 'measure', interrupted)
+  out = tmp_path / 'r.jsonl'
+  w = transformer.TRANSFORMER_BIG
+  batch = 2 * w.example_size(w.resolve(tiny=True))
+  opts = bench.Options(tiny=True, batch_size=batch, steps=1, windows=1, warmup_steps=0)
+  plan = cli.Plan('run', (w,), opts, output=str(out))
+  memory = backend.MemorySetup(None, None, None, False)
+  with pytest.raises(KeyboardInterrupt):
+    runner.run(plan, opts, emulation.Request(emulation.SINGLE), memory)
+  (line,) = out.read_text().splitlines()
+  result = json.loads(line)
+  assert result['status'] == 'interrupted' and result['error'].startswith(
+    'interrupted while timing'
+  )
+  (trial,) = result['search']['trials']
+  assert trial['outcome'] == 'fits' and trial['examples'] == 2
+  assert result['max_batch'] == batch and 'measurement' not in result

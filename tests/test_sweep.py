@@ -5,6 +5,7 @@ two CPU cores); the command line is sweep.command's, so its flags are what a rea
 """
 
 import collections
+import json
 import os
 import signal
 import subprocess
@@ -67,6 +68,19 @@ def test_plan_and_command():
   predict = _cells('predict')
   assert [len(g) for g in sweep.groups(predict)] == [2, 2, 2]  # one process per workload
   assert '--gpus=rtx_2060,t4' in sweep.command(sweep.groups(predict)[0], '/s', [])
+
+
+def test_an_interrupted_cell_is_not_done(tmp_path):
+  """A cell whose run was stopped by Ctrl-C (status 'interrupted') runs again on resume."""
+  path = str(tmp_path / 's.jsonl')
+  cells = _cells(gpus=('t4',))[:1]
+  _run(path, cells)
+  (record,) = store.read(path)[0]
+  with open(path, 'w') as f:
+    f.write(json.dumps({**record, 'status': 'interrupted'}) + '\n')
+  failed, lines = _run(path, cells)
+  assert failed == 0 and lines[0] == f'sweep: 1 cells, 0 already in {path}, 1 to run'
+  assert [r['status'] for r in store.read(path)[0]] == ['interrupted', 'ok']
 
 
 def test_sweep_records_each_cell_and_skips_them_on_rerun(tmp_path):
