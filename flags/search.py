@@ -29,6 +29,13 @@ SEARCH_TOLERANCE = flags.DEFINE_float(
   'memory plan is not monotone in the batch (seen on transformer_big) the last probes of an exact '
   'search chase noise; a tolerance saves those compiles and the result records it.',
 )
+SEARCH_HINTS = flags.DEFINE_list(
+  'search_hints',
+  [],
+  'Result files (JSON Lines, e.g. an earlier --output or a sweep store) whose trials of the same '
+  'workload, precision, config, JAX version, XLA flags and device kind give predicted peaks to aim '
+  'the search with. The search still compiles and runs both sides of the boundary itself.',
+)
 MAX_EXAMPLES = flags.DEFINE_integer(
   'max_examples', 1 << 20, 'Stop the search at this many examples per batch.'
 )

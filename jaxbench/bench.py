@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 import jaxbench
-from jaxbench import backend, precision, report, search, timing
+from jaxbench import backend, hints, precision, report, search, timing
 from jaxbench import program as prog
 from jaxbench import workload as wl
 
@@ -32,6 +32,7 @@ class Options:
   max_examples: int = 1 << 20
   verify_predicted_oom: bool = False
   search_tolerance: float = 0.0  # stop within this fraction of the max (0: to one example)
+  search_hints: tuple[str, ...] = ()  # result files whose trials aim the search (hints.py)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -168,6 +169,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
     )
     result['search'] = {'mode': 'fixed'}
   else:
+    peaks, matched = hints.load(opts.search_hints, result)
     found = search.find_max_batch(
       program,
       budget,
@@ -175,8 +177,13 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       opts.verify_predicted_oom,
       on_trial=on_trial,
       tolerance=opts.search_tolerance,
+      hints=peaks,
     )
-    result['search'] = {'mode': 'search', 'tolerance': opts.search_tolerance}
+    result['search'] = {
+      'mode': 'search',
+      'tolerance': opts.search_tolerance,
+      'hints': {'files': list(opts.search_hints), 'results': matched, 'points': len(peaks)},
+    }
   result['search'].update(
     trials=[dataclasses.asdict(t) for t in found.trials],
     seconds=round(found.seconds, 2),

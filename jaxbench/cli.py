@@ -65,6 +65,9 @@ def plan(f) -> Plan:
       raise UsageError(f'--{name} must be at least {least}, got {value}')
   if not 0 <= f.search_tolerance < 1:
     raise UsageError(f'--search_tolerance must be in [0, 1), got {f.search_tolerance}')
+  for path in f.search_hints:
+    if not os.path.isfile(path):
+      raise UsageError(f'--search_hints: {path} is not a file')
   if f.steps < f.windows:
     raise UsageError(f'--steps ({f.steps}) must be at least --windows ({f.windows})')
   if f.batch_size is not None and f.batch_size <= 0:
@@ -102,6 +105,7 @@ def plan(f) -> Plan:
     max_examples=f.max_examples,
     verify_predicted_oom=f.verify_predicted_oom,
     search_tolerance=f.search_tolerance,
+    search_hints=tuple(f.search_hints),
   )
   return Plan(
     'describe' if f.describe else 'run',

@@ -12,7 +12,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Iterator
 
-from jaxbench import bench, catalog, emulation, precision, search
+from jaxbench import bench, catalog, emulation, hints, precision, search
 from jaxbench import program as prog
 from jaxbench import workload as wl
 
@@ -60,10 +60,16 @@ def predict(
     **bench.identity(w, cfg, policy, opts.tiny, bench.device_info()),
     'params': program.param_counts(),
   }
+  peaks, matched = hints.load(opts.search_hints, header)
   for gpu in sorted(gpus, key=lambda g: g.cap_bytes):
     start, compiles = time.perf_counter(), memo.compiles
     found = search.find_max_batch(
-      memo, gpu.cap_bytes, opts.max_examples, run_steps=0, tolerance=opts.search_tolerance
+      memo,
+      gpu.cap_bytes,
+      opts.max_examples,
+      run_steps=0,
+      tolerance=opts.search_tolerance,
+      hints=peaks,
     )
     fits = [t for t in found.trials if t.fits and t.examples == found.max_examples]
     result = {
@@ -77,6 +83,7 @@ def predict(
       },
       'search': {
         'mode': 'predict',
+        'hints': {'files': list(opts.search_hints), 'results': matched, 'points': len(peaks)},
         'trials': [dataclasses.asdict(t) for t in found.trials],
         'seconds': round(time.perf_counter() - start, 2),
         'compiles': memo.compiles - compiles,

@@ -94,10 +94,13 @@ def notes(results: Iterable[dict[str, Any]]) -> str:
       )
     limit = mem['limit_bytes']
     budget = mem['budget_bytes']
-    memory = f'limit {limit / 1e9:.1f} GB' if limit else 'full device'
+    if not limit:
+      memory = 'full device'
+    else:
+      memory = f'limit {limit / 1e9:.1f} GB' if limit >= 1e8 else f'limit {human_bytes(limit)}'
     out.append(
       f"{r['workload']}: memory {memory}"
-      f", budget {'-' if budget is None else format(budget / 1e9, '.2f') + ' GB'}"
+      f", budget {human_bytes(budget)}"
       f" enforced by {mem['enforced_by']}; XLA rematerialization {'on' if mem['remat'] else 'off'}"
       f"; {'max-batch search' if r['search']['mode'] == 'search' else 'fixed batch'},"
       f" {len(r['search']['trials'])} trials"

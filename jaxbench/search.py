@@ -123,21 +123,31 @@ def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom):
   return trial, compiled
 
 
-def _line_guess(trials: list[Trial], budget: int | None, lo: int, hi: int | None) -> int | None:
+def _line_guess(
+  trials: list[Trial],
+  budget: int | None,
+  lo: int,
+  hi: int | None,
+  hints: dict[int, int] | None = None,
+) -> int | None:
   """The largest n whose predicted peak fits the budget, from the probes so far.
 
   With a bracket, interpolate between its two ends (regula falsi: the guess
-  stays inside). Without one, extrapolate from the two largest fits. After the
-  first probe alone, assume all of its temporaries scale with the batch: an
-  over-estimate of the per-example memory, so the guess is short of the
-  boundary but lands on the linear part of the curve, far from the fixed costs
-  (parameters, optimizer state) that dominate at one example.
+  stays inside). Without one, and with hints (predicted peaks from earlier
+  searches), take the line through the known points nearest the budget.
+  Without hints, extrapolate from the two largest fits; after the first probe
+  alone, assume all of its temporaries scale with the batch: an over-estimate
+  of the per-example memory, so the guess is short of the boundary but lands
+  on the linear part of the curve, far from the fixed costs (parameters,
+  optimizer state) that dominate at one example.
   """
   if budget is None:
     return None
   peaks = {t.examples: t.predicted_peak_bytes for t in trials if t.predicted_peak_bytes}
   if lo in peaks and hi in peaks:
     (n0, p0), (n1, p1) = (lo, peaks[lo]), (hi, peaks[hi])
+  elif hints and len({**hints, **peaks}) >= 2:
+    (n0, p0), (n1, p1) = _nearest_pair({**hints, **peaks}, budget)
   else:
     fits = sorted((n, p) for n, p in peaks.items() if n <= lo)
     if len(fits) >= 2:
@@ -154,6 +164,20 @@ def _line_guess(trials: list[Trial], budget: int | None, lo: int, hi: int | None
   return int(n0 + (budget - p0) // slope)
 
 
+def _nearest_pair(peaks: dict[int, int], budget: int) -> tuple[tuple[int, int], tuple[int, int]]:
+  """Two (n, peak) points to draw the line through: the largest under the budget and the
+  smallest over it; with points on one side only, the nearest one and the farthest (a long
+  baseline, so that a few GB of noise in XLA's forecast moves the slope little)."""
+  points = sorted(peaks.items())
+  under = [pt for pt in points if pt[1] <= budget]
+  over = [pt for pt in points if pt[1] > budget]
+  if under and over:
+    return under[-1], over[0]
+  if under:
+    return under[0], under[-1]
+  return over[0], over[-1]
+
+
 def _next_probe(
   trials: list[Trial],
   budget: int | None,
@@ -162,6 +186,7 @@ def _next_probe(
   max_examples: int,
   gallop: int,
   line_missed: bool,
+  hints: dict[int, int] | None = None,
 ) -> tuple[int, str | None]:
   """Where to probe next, given the largest fit `lo` and smallest failure `hi`.
 
@@ -173,7 +198,7 @@ def _next_probe(
   gallop's direction ('up' from lo, 'down' from hi, or None).
   """
   probed = {t.examples for t in trials}
-  guess = _line_guess(trials, budget, lo, hi)
+  guess = _line_guess(trials, budget, lo, hi, hints)
   inside = guess is not None and guess > lo and (hi is None or guess < hi)
   if guess is None or (line_missed and not inside):
     return (min(2 * lo, max_examples) if hi is None else (lo + hi) // 2), None
@@ -195,12 +220,17 @@ def find_max_batch(
   on_trial: Callable[[Trial], None] | None = None,
   run_steps: int = 2,
   tolerance: float = 0.0,
+  hints: dict[int, int] | None = None,
 ) -> Result:
   """Search the largest number of examples whose step fits; see the module docstring.
 
   run_steps=0 is the compile-only search (--predict): nothing runs, a batch fits when its
   predicted peak is within the budget, so the budget must be given. The search ends when the
   largest fit and the smallest failure are one example apart, or within `tolerance` x the fit.
+
+  hints: n -> predicted peak from earlier compiles of the same program (hints.py). They aim the
+  first probes (the first is the hinted boundary instead of one example), never decide: every
+  fit and failure reported is a compile, and a run, of this search.
   """
   if run_steps == 0 and budget_bytes is None:
     raise ValueError('a compile-only search needs a memory budget')
@@ -209,7 +239,8 @@ def find_max_batch(
   best: prog.Compiled | None = None
   lo, hi = 0, None  # largest n known to fit, smallest n known not to
   gallop, direction, line_missed = 1, None, False
-  n = 1
+  aimed = _line_guess([], budget_bytes, 0, None, hints) if hints else None
+  n = min(max(aimed, 1), max_examples) if aimed is not None else 1
   while True:
     trial, compiled = probe(program, n, budget_bytes, run_steps, verify_predicted_oom)
     trials.append(trial)
@@ -227,7 +258,9 @@ def find_max_batch(
     kept_going = (direction == 'up' and trial.fits) or (direction == 'down' and not trial.fits)
     gallop = 2 * gallop if kept_going else 1
     line_missed = line_missed or (direction is not None and not kept_going)
-    n, direction = _next_probe(trials, budget_bytes, lo, hi, max_examples, gallop, line_missed)
+    n, direction = _next_probe(
+      trials, budget_bytes, lo, hi, max_examples, gallop, line_missed, hints
+    )
     if n <= lo or (hi is not None and n >= hi) or n in {t.examples for t in trials}:
       return Result(
         lo,

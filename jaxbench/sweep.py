@@ -74,9 +74,16 @@ def groups(cells: list[Cell]) -> list[list[Cell]]:
   return list(out.values())
 
 
-def command(group: list[Cell], store_path: str, passthrough: list[str]) -> list[str]:
-  """The jaxbench.main command line that runs one group and appends to the store."""
+def command(
+  group: list[Cell], store_path: str, passthrough: list[str], hint_files: tuple[str, ...] = ()
+) -> list[str]:
+  """The jaxbench.main command line that runs one group and appends to the store.
+
+  The store itself aims each cell's search (--search_hints): the cells already done for the
+  same workload and precision on other cards forecast where this card's boundary lies.
+  """
   c = group[0]
+  hint = [*hint_files, *([store_path] if os.path.isfile(store_path) else [])]
   cards = (
     ['--predict', f'--gpus={",".join(x.gpu for x in group)}']
     if c.mode == 'predict'
@@ -93,6 +100,7 @@ def command(group: list[Cell], store_path: str, passthrough: list[str]) -> list[
     *cards,
     f'--output={store_path}',
     *passthrough,
+    *([f'--search_hints={",".join(hint)}'] if hint else []),
   ]
 
 
@@ -276,7 +284,12 @@ def main(f, gpus: list[catalog.Gpu], fail: Callable[[str], None]) -> int:
     p.options.overrides,
     'predict' if f.predict else 'run',
   )
-  make = functools.partial(command, store_path=os.path.abspath(f.store), passthrough=passthrough(f))
+  make = functools.partial(
+    command,
+    store_path=os.path.abspath(f.store),
+    passthrough=passthrough(f),
+    hint_files=tuple(os.path.abspath(x) for x in f.search_hints),
+  )
   try:
     with store.Lock(f.store):
       failed = run(cells, f.store, make, f.cell_timeout_s, f.retry_failed, env)

@@ -40,6 +40,8 @@ def jaxbench(*args, timeout=600):
     (['--model=transformer_big', '--batch_size=10'], 'less than one example'),
     (['--model=bert_base', '--output=/no/such/dir/out.jsonl'], 'does not exist'),
     (['--model=bert_base', '--steps=many'], 'steps'),
+    (['--model=bert_base', '--search_hints=/no/such/file.jsonl'], 'is not a file'),
+    (['--model=bert_base', '--search_tolerance=-0.1'], 'search_tolerance must be in'),
     (['--no_such_flag'], 'no_such_flag'),
     ([], '--model'),
     (['--model=bert_base', 'stray'], 'unexpected arguments'),

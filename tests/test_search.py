@@ -114,6 +114,31 @@ def test_a_tolerance_stops_the_search_early_with_a_true_fit():
   assert len(loose.trials) < len(exact.trials)
 
 
+def _peaks(result):
+  return {t.examples: t.predicted_peak_bytes for t in result.trials if t.predicted_peak_bytes}
+
+
+def test_hints_from_another_budget_aim_the_search_and_keep_its_answer():
+  # A search under a small cap, then one at full memory aimed by the first one's forecasts.
+  small = search.find_max_batch(FakeProgram(a=1000, b=7), 1000 + 7 * 187 + 3)
+  budget = 1000 + 7 * 1176 + 3
+  cold = search.find_max_batch(FakeProgram(a=1000, b=7), budget)
+  aimed = search.find_max_batch(FakeProgram(a=1000, b=7), budget, hints=_peaks(small))
+  assert small.max_examples == 187 and cold.max_examples == aimed.max_examples == 1176
+  assert [t.examples for t in aimed.trials] == [1176, 1177]  # straight to the boundary
+  assert len(cold.trials) > 2
+
+
+def test_wrong_hints_cost_probes_never_the_answer():
+  p = FakeProgram(a=0, b=10, kink=300, bump=2000)
+  budget = 10 * 500
+  lying = {1: 0, 2: 1, 900: 2}  # a program that would barely grow with the batch
+  r = search.find_max_batch(p, budget, hints=lying)
+  assert r.max_examples == 300 and r.best.n == 300
+  # Every reported outcome comes from this search's own compiles.
+  assert all(t.examples in p.compiled for t in r.trials)
+
+
 def test_doubling_without_a_budget_relies_on_real_runs():
   p = FakeProgram(run_fails_above=37)
   r = search.find_max_batch(p, budget_bytes=None)

@@ -1,0 +1,46 @@
+"""Predicted peaks from earlier results, to aim a new search (--search_hints=FILE).
+
+XLA's compile-time memory forecast depends on the program, not on the memory budget: the same
+workload, precision, configuration, software and XLA flags on the same kind of device predict
+the same peak at the same batch (seen on the H200: BERT-base at 1 and 137 sequences forecast the
+same bytes under a 24 GB cap as at full memory). So the trials of earlier searches (at another
+memory size, a sweep's other cards, a run that was interrupted) say where a new search's
+boundary lies before it compiles anything. The search still compiles, and runs, both sides of
+the boundary itself: hints change how many probes it takes, never its answer.
+"""
+
+import json
+from typing import Any, Iterable
+
+from jaxbench import store
+
+# What must agree for a recorded forecast to hold: the program (workload, precision, preset,
+# configuration), the compiler (JAX version, XLA flags, remat included) and the device kind.
+_SAME = ('workload', 'precision', 'tiny', 'jax_version', 'xla_flags')
+
+
+def _normal(value: Any) -> str:
+  return json.dumps(value, sort_keys=True, default=str)
+
+
+def load(paths: Iterable[str], head: dict[str, Any]) -> tuple[dict[int, int], int]:
+  """n -> predicted peak bytes from the matching results in `paths`, and how many matched.
+
+  `head` is this run's bench.identity(...). Later records win where two give the same n.
+  """
+  peaks: dict[int, int] = {}
+  matched = 0
+  for path in paths:
+    records, _ = store.read(path)
+    for r in records:
+      if any(r.get(k) != head[k] for k in _SAME):
+        continue
+      if _normal(r.get('config')) != _normal(head['config']):
+        continue
+      if (r.get('device') or {}).get('kind') != head['device']['kind']:
+        continue
+      matched += 1
+      for t in (r.get('search') or {}).get('trials') or []:
+        if t.get('predicted_peak_bytes'):
+          peaks[int(t['examples'])] = int(t['predicted_peak_bytes'])
+  return peaks, matched
