@@ -6,8 +6,9 @@ runs it with CUDA_VISIBLE_DEVICES set to its GPU and its log in OUT/, and takes
 another when it ends, until the queue is empty or the deadline comes; a job
 still running at the deadline is interrupted (SIGINT, then SIGKILL): it then
 appends a result with status 'interrupted' holding its search trials so far.
-Results go to OUT/results.jsonl (each run appends whole lines). Used for the
-runs behind docs/results/.
+Results go to OUT/results.jsonl (each run appends whole lines), and that file
+aims the searches of later jobs (--search_hints). Used for the runs behind
+docs/results/.
 
   python3 scripts/gpu_queue.py JOBS OUT DEADLINE_S [GPUS]
 """
@@ -32,6 +33,15 @@ lock = threading.Lock()
 summary = []
 
 
+def with_hints(argv: list[str], results: str) -> list[str]:
+  """The job's arguments, its search aimed also by the results this queue has written so far."""
+  if not os.path.isfile(results) or any(a.startswith('--batch_size') for a in argv):
+    return argv
+  given = [a for a in argv if a.startswith('--search_hints=')]
+  files = [f for a in given for f in a.split('=', 1)[1].split(',') if f] + [results]
+  return [a for a in argv if a not in given] + [f'--search_hints={",".join(files)}']
+
+
 def worker(gpu: int) -> None:
   while True:
     with lock:
@@ -50,7 +60,7 @@ def worker(gpu: int) -> None:
       '-m',
       'jaxbench.main',
       f'--output={out}/results.jsonl',
-      *shlex.split(args),
+      *with_hints(shlex.split(args), os.path.join(out, 'results.jsonl')),
     ]
     env = {**os.environ, 'CUDA_VISIBLE_DEVICES': str(gpu), 'PYTHONUNBUFFERED': '1'}
     t0 = time.monotonic()
