@@ -51,6 +51,12 @@ class WeightNormConv1d(nn.Module):
   The norm is per output channel (weight_norm dim=2 on a K x Cin x Cout kernel). `causal`
   pads K-1 steps on the left only, so output t sees inputs <= t (fairseq pads K-1 on both
   sides and drops the last K-1 outputs, which is the same); otherwise K//2 on each side.
+
+  Computed as fairseq's ConvTBC computes it, with matrix products rather than a convolution
+  kernel: one GEMM of the input against all K taps at once ([B*L, Cin] x [Cin, K*Cout]), then
+  each tap's slice shifted into place and summed. The FLOPs are the convolution's, the
+  backward pass keeps only the input, and XLA hands cuBLAS GEMMs instead of cuDNN
+  convolutions (whose autotuning took minutes per compile at large batches on the H200).
   """
 
   features: int
@@ -66,16 +72,26 @@ class WeightNormConv1d(nn.Module):
     v = self.param('v', nn.initializers.normal(std), (k, cin, self.features))
     g = self.param('g', lambda _: jnp.linalg.norm(v, axis=(0, 1)))
     b = self.param('bias', nn.initializers.zeros, (self.features,))
-    w = v * (g / jnp.linalg.norm(v, axis=(0, 1)))
-    padding = (k - 1, 0) if self.causal else (k // 2, k // 2)
-    y = jax.lax.conv_general_dilated(
-      x_BxLxC.astype(self.dtype),
-      w.astype(self.dtype),
-      window_strides=(1,),
-      padding=(padding,),
-      dimension_numbers=('NWC', 'WIO', 'NWC'),
+    w_KxCxD = v * (g / jnp.linalg.norm(v, axis=(0, 1)))
+    return temporal_conv(x_BxLxC.astype(self.dtype), w_KxCxD.astype(self.dtype), self.causal) + (
+      b.astype(self.dtype)
     )
-    return y + b.astype(self.dtype)
+
+
+def temporal_conv(x_BxLxC: jax.Array, w_KxCxD: jax.Array, causal: bool) -> jax.Array:
+  """Output t = sum_j x[t + j - left] @ w[j] (zero outside the sequence), as GEMM + shifts.
+
+  left = K-1 when causal, else K//2 (with K//2 on the right): the same as a 'same'/causal
+  convolution, checked against jax.lax.conv_general_dilated in the tests.
+  """
+  k, length = w_KxCxD.shape[0], x_BxLxC.shape[1]
+  if k == 1:
+    return jnp.einsum('blc,cd->bld', x_BxLxC, w_KxCxD[0])
+  taps_BxLxKxD = jnp.einsum('blc,kcd->blkd', x_BxLxC, w_KxCxD)
+  left = k - 1 if causal else k // 2
+  padded = jnp.pad(taps_BxLxKxD, ((0, 0), (left, k - 1 - left), (0, 0), (0, 0)))
+  # padded[:, t + j, j] = taps[:, t + j - left, j]: tap j's contribution to output t.
+  return sum(padded[:, j : j + length, j] for j in range(k))
 
 
 @jax.custom_vjp

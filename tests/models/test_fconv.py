@@ -72,3 +72,25 @@ def test_grad_multiply_scales_only_the_gradient():
   np.testing.assert_array_equal(fconv.grad_multiply(x, 0.25), x)
   grad = jax.grad(lambda v: (fconv.grad_multiply(v, 0.25) ** 2).sum())(x)
   np.testing.assert_allclose(grad, 0.25 * 2 * x)
+
+
+@pytest.mark.parametrize('kernel, causal', [(3, False), (3, True), (1, False), (4, True)])
+def test_the_gemm_convolution_equals_a_convolution(kernel, causal):
+  """fconv's ConvTBC-style GEMM + shifts is the 'same' (or causal) convolution, values and grads."""
+  x = jax.random.normal(jax.random.key(0), (2, 7, 5))
+  w = jax.random.normal(jax.random.key(1), (kernel, 5, 6))
+  left = kernel - 1 if causal else kernel // 2
+
+  def reference(x, w):
+    return jax.lax.conv_general_dilated(
+      x, w, (1,), ((left, kernel - 1 - left),), dimension_numbers=('NWC', 'WIO', 'NWC')
+    )
+
+  np.testing.assert_allclose(
+    fconv.temporal_conv(x, w, causal), reference(x, w), rtol=1e-5, atol=1e-5
+  )
+  loss = lambda f: lambda x, w: jnp.sum(jnp.sin(f(x, w)))  # noqa: E731
+  got = jax.grad(loss(lambda x, w: fconv.temporal_conv(x, w, causal)), argnums=(0, 1))(x, w)
+  want = jax.grad(loss(reference), argnums=(0, 1))(x, w)
+  for g, r in zip(got, want):
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
