@@ -154,6 +154,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
   result['params'] = program.param_counts()
   progress.phase = 'searching' if opts.batch_size is None else 'compiling the fixed batch'
   if opts.batch_size is not None:
+    result['search'] = {'mode': 'fixed'}
     n = examples_for(w, cfg, opts.batch_size)
     trial, compiled = search.probe(
       program, n, budget, verify_predicted_oom=opts.verify_predicted_oom
@@ -167,9 +168,13 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       compiled,
       trial.detail if trial.outcome == search.ERROR else None,
     )
-    result['search'] = {'mode': 'fixed'}
   else:
     peaks, matched = hints.load(opts.search_hints, result)
+    result['search'] = {
+      'mode': 'search',
+      'tolerance': opts.search_tolerance,
+      'hints': {'files': list(opts.search_hints), 'results': matched, 'points': len(peaks)},
+    }
     found = search.find_max_batch(
       program,
       budget,
@@ -179,11 +184,6 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       tolerance=opts.search_tolerance,
       hints=peaks,
     )
-    result['search'] = {
-      'mode': 'search',
-      'tolerance': opts.search_tolerance,
-      'hints': {'files': list(opts.search_hints), 'results': matched, 'points': len(peaks)},
-    }
   result['search'].update(
     trials=[dataclasses.asdict(t) for t in found.trials],
     seconds=round(found.seconds, 2),

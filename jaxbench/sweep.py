@@ -168,20 +168,18 @@ def run(
     out(warning)
   store.end_line(store_path)  # a cut-short last line must not swallow the next result
   done = store.latest(records)
-  todo = [
+  to_run = [
     c
     for c in cells
     if c.key not in done
     or done[c.key]['status'] == 'interrupted'  # stopped by a Ctrl-C: never counted as done
     or (retry_failed and done[c.key]['status'] == 'failed')
   ]
-  out(
-    f'sweep: {len(cells)} cells, {len(cells) - len(todo)} already in {store_path}, '
-    f'{len(todo)} to run'
-  )
+  already = len(cells) - len(to_run)
+  out(f'sweep: {len(cells)} cells, {already} already in {store_path}, {len(to_run)} to run')
   log_path = store_path + '.log'
   start, finished, failed = time.monotonic(), 0, 0
-  for group in groups(todo):
+  for group in groups(to_run):
     before = collections.Counter(store.key_of(r) for r in store.read(store_path)[0])
     t0 = time.monotonic()
     label = (
@@ -189,7 +187,7 @@ def run(
       if len(group) == 1
       else (f'{group[0].label().rsplit(" on ", 1)[0]} on {",".join(c.gpu for c in group)}')
     )
-    out(f'[{len(cells) - len(todo) + finished + 1}/{len(cells)}] {label}: ', end='')
+    out(f'[{already + finished + 1}/{len(cells)}] {label}: ', end='')
     with open(log_path, 'ab') as log:
       log.write(f'\n=== {datetime.datetime.now().isoformat(timespec="seconds")} {label}\n'.encode())
       log.flush()
@@ -222,10 +220,8 @@ def run(
         failed += 1
       finished += 1
       elapsed = time.monotonic() - start
-      left = elapsed / finished * (len(todo) - finished)
-      head = (
-        '' if i == 0 else f'[{len(cells) - len(todo) + finished}/{len(cells)}] {cell.label()}: '
-      )
+      left = elapsed / finished * (len(to_run) - finished)
+      head = '' if i == 0 else f'[{already + finished}/{len(cells)}] {cell.label()}: '
       out(
         f'{head}{outcome(latest.get(cell.key))} ({_hms(seconds / len(group))}) | '
         f'elapsed {_hms(elapsed)}, ~{_hms(left)} left'
