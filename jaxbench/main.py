@@ -73,4 +73,6 @@ if __name__ == '__main__':
     sys.exit(main(sys.argv))
   except KeyboardInterrupt:
     print('jaxbench: interrupted', file=sys.stderr)
-    sys.exit(130)
+    from jaxbench import program  # pylint: disable=g-import-not-at-top
+
+    program.exit_now(130)  # a compile may still be running in its thread

@@ -3,7 +3,10 @@
 import dataclasses
 import functools
 import gc
+import os
 import re
+import sys
+import threading
 import time
 from typing import Any
 
@@ -69,8 +72,7 @@ class Program:
     """Lower and compile the step for n examples; raises on failure (OOM included)."""
     batch_shapes = jax.eval_shape(functools.partial(self.trainer.make_batch, n=n), self.rng)
     start = time.perf_counter()
-    with jax.default_matmul_precision(self.policy.matmul_precision):
-      executable = self._step.lower(self.state_shapes, batch_shapes, self.rng).compile()
+    executable = _interruptible(self._compile, batch_shapes)
     compile_s = time.perf_counter() - start
     mem = executable.memory_analysis()
     peak = temp = args = 0
@@ -95,6 +97,10 @@ class Program:
       argument_bytes=args,
     )
 
+  def _compile(self, batch_shapes):
+    with jax.default_matmul_precision(self.policy.matmul_precision):  # thread-local: set here
+      return self._step.lower(self.state_shapes, batch_shapes, self.rng).compile()
+
   def materialize(self, n: int):
     """Fresh state and a batch of n examples on the device, built by jitted functions."""
     state = self._init(self.rng)
@@ -114,6 +120,38 @@ class Program:
       del state, batch, metrics
       release()
       raise
+
+
+def _interruptible(fn, *args):
+  """fn(*args) in a worker thread, so that Ctrl-C (SIGINT) during a long XLA compile is seen at once.
+
+  Python runs signal handlers only in the main thread between bytecodes, and a GPU compile
+  with convolution autotuning can stay inside XLA for minutes: compiled on the main thread,
+  an interrupted search could not write its result before the SIGKILL that follows. Here the
+  main thread waits, KeyboardInterrupt reaches it, and the abandoned compile's thread is a
+  daemon that cannot hold the process open (see exit_now).
+  """
+  box: dict[str, Any] = {}
+
+  def work():
+    try:
+      box['value'] = fn(*args)
+    except BaseException as e:  # pylint: disable=broad-except
+      box['error'] = e
+
+  thread = threading.Thread(target=work, name='xla-compile', daemon=True)
+  thread.start()
+  thread.join()  # interruptible: SIGINT raises KeyboardInterrupt here
+  if 'error' in box:
+    raise box['error']
+  return box['value']
+
+
+def exit_now(status: int) -> None:
+  """Exit without waiting for an abandoned compile (interpreter teardown under it can crash)."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)  # pylint: disable=protected-access
 
 
 def release() -> None:
