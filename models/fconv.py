@@ -4,6 +4,7 @@ fairseq's fconv_wmt_en_de: gated convolutional encoder and causal decoder, weigh
 layers, multi-step attention in every decoder layer, learned positions.
 """
 
+import functools
 import math
 from typing import Any
 
@@ -78,20 +79,53 @@ class WeightNormConv1d(nn.Module):
     )
 
 
+def _shifted(x_BxLxC: jax.Array, k: int, left: int) -> jax.Array:
+  """[B, L, K*C]: position t holds x[t + j - left] for j = 0..K-1 (zero outside the sequence)."""
+  length = x_BxLxC.shape[1]
+  padded = jnp.pad(x_BxLxC, ((0, 0), (left, k - 1 - left), (0, 0)))
+  return jnp.concatenate([padded[:, j : j + length] for j in range(k)], axis=-1)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _conv_tbc(x_BxLxC: jax.Array, w_KxCxD: jax.Array, left: int) -> jax.Array:
+  k, c, d = w_KxCxD.shape
+  return jnp.einsum('blc,cd->bld', _shifted(x_BxLxC, k, left), w_KxCxD.reshape(k * c, d))
+
+
+def _conv_tbc_fwd(x_BxLxC, w_KxCxD, left):
+  # Only the input and the kernel are kept for the backward pass, as ConvTBC keeps them: the
+  # K-times-wider shifted copy is rebuilt there, so it lives only inside each GEMM's pass.
+  return _conv_tbc(x_BxLxC, w_KxCxD, left), (x_BxLxC, w_KxCxD)
+
+
+def _conv_tbc_bwd(left, residuals, g_BxLxD):
+  # The barrier keeps XLA from merging the shifted copy rebuilt below with the forward's
+  # (common-subexpression elimination would keep that one alive until here instead).
+  x_BxLxC, w_KxCxD = jax.lax.optimization_barrier(residuals)
+  k, c, d = w_KxCxD.shape
+  # dx[s] = sum_j g[s - j + left] @ w[j]^T: the same shifted GEMM on g, taps reversed.
+  flipped_KxDxC = jnp.flip(w_KxCxD, 0).transpose(0, 2, 1)
+  dx = jnp.einsum('bld,dc->blc', _shifted(g_BxLxD, k, k - 1 - left), flipped_KxDxC.reshape(k * d, c))
+  # dw[j] = sum_t x[t + j - left]^T g[t]: one GEMM of the shifted input against g.
+  dw = jnp.einsum('blc,bld->cd', _shifted(x_BxLxC, k, left), g_BxLxD).reshape(k, c, d)
+  return dx.astype(x_BxLxC.dtype), dw.astype(w_KxCxD.dtype)
+
+
+_conv_tbc.defvjp(_conv_tbc_fwd, _conv_tbc_bwd)
+
+
 def temporal_conv(x_BxLxC: jax.Array, w_KxCxD: jax.Array, causal: bool) -> jax.Array:
-  """Output t = sum_j x[t + j - left] @ w[j] (zero outside the sequence), as GEMM + shifts.
+  """Output t = sum_j x[t + j - left] @ w[j] (zero outside the sequence), as GEMMs.
 
   left = K-1 when causal, else K//2 (with K//2 on the right): the same as a 'same'/causal
-  convolution, checked against jax.lax.conv_general_dilated in the tests.
+  convolution, checked against jax.lax.conv_general_dilated in the tests (values and
+  gradients). Each pass is one GEMM over the K shifted copies of its input side by side
+  ([B*L, K*Cin] x [K*Cin, Cout]); the backward pass keeps only x and w (see _conv_tbc_fwd).
   """
-  k, length = w_KxCxD.shape[0], x_BxLxC.shape[1]
+  k = w_KxCxD.shape[0]
   if k == 1:
     return jnp.einsum('blc,cd->bld', x_BxLxC, w_KxCxD[0])
-  taps_BxLxKxD = jnp.einsum('blc,kcd->blkd', x_BxLxC, w_KxCxD)
-  left = k - 1 if causal else k // 2
-  padded = jnp.pad(taps_BxLxKxD, ((0, 0), (left, k - 1 - left), (0, 0), (0, 0)))
-  # padded[:, t + j, j] = taps[:, t + j - left, j]: tap j's contribution to output t.
-  return sum(padded[:, j : j + length, j] for j in range(k))
+  return _conv_tbc(x_BxLxC, w_KxCxD, k - 1 if causal else k // 2)
 
 
 @jax.custom_vjp
