@@ -45,6 +45,16 @@ COMPILATION_CACHE_DIR = flags.DEFINE_string(
   'Persistent XLA compilation cache. Off by default so that '
   'compile times are real compiles; cached compiles are much faster.',
 )
+AUTOTUNE_LEVEL = flags.DEFINE_integer(
+  'autotune_level',
+  None,
+  "XLA's GEMM and convolution autotuning level (--xla_gpu_autotune_level): 0 off, 1 time the "
+  'candidates, 2 and 3 also initialize their buffers, 4 (XLA\'s default) also checks each '
+  "candidate's result against a reference. Unset: XLA's default. Recorded in the result's "
+  'xla_flags.',
+  lower_bound=0,
+  upper_bound=4,
+)
 TRITON_GEMM = flags.DEFINE_bool(
   'triton_gemm',
   False,

@@ -70,6 +70,7 @@ def configure(
   remat: bool,
   compilation_cache_dir: str | None = None,
   triton_gemm: bool = False,
+  autotune_level: int | None = None,
 ) -> MemorySetup:
   """Fix the memory cap and XLA options; call before JAX's backend starts."""
   from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
@@ -106,6 +107,8 @@ def configure(
     # the H200 that made a BERT-base fp32 compile take over a minute. cuBLAS
     # alone (what PyTorch uses) keeps the search's many compiles affordable.
     _add_xla_flags('--xla_gpu_enable_triton_gemm=false')
+  if autotune_level is not None:
+    _add_xla_flags(f'--xla_gpu_autotune_level={autotune_level}')
   if not remat:
     # Without this XLA quietly recomputes activations once a program exceeds its
     # memory limit, and "max batch" would mean "max batch with recomputation".

@@ -93,6 +93,7 @@ def identity(
     'device': dev,
     'xla_flags': os.environ.get('XLA_FLAGS', ''),
     'workload': w.name,
+    'workload_revision': w.revision,
     'unit': w.unit,
     'throughput_unit': w.throughput_unit,
     'precision': policy.name,

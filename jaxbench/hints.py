@@ -14,8 +14,9 @@ from typing import Any, Iterable
 
 from jaxbench import store
 
-# What must agree for a recorded forecast to hold: the program (workload, precision, preset,
-# configuration), the compiler (JAX version, XLA flags, remat included) and the device kind.
+# What must agree for a recorded forecast to hold: the program (workload and its revision,
+# precision, preset, configuration), the compiler (JAX version, XLA flags, remat included)
+# and the device kind.
 _SAME = ('workload', 'precision', 'tiny', 'jax_version', 'xla_flags')
 
 
@@ -34,6 +35,8 @@ def load(paths: Iterable[str], head: dict[str, Any]) -> tuple[dict[int, int], in
     records, _ = store.read(path)
     for r in records:
       if any(r.get(k) != head[k] for k in _SAME):
+        continue
+      if r.get('workload_revision', 1) != head['workload_revision']:  # absent before revisions
         continue
       if _normal(r.get('config')) != _normal(head['config']):
         continue

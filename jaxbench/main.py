@@ -49,6 +49,7 @@ def main(argv: list[str]) -> int:
       search_flags.REMAT.value,
       search_flags.COMPILATION_CACHE_DIR.value,
       search_flags.TRITON_GEMM.value,
+      search_flags.AUTOTUNE_LEVEL.value,
     )
   except backend.BackendError as e:
     _fail(str(e))

@@ -123,7 +123,7 @@ class Program:
 
 
 def _interruptible(fn, *args):
-  """fn(*args) in a worker thread, so that Ctrl-C (SIGINT) during a long XLA compile is seen at once.
+  """fn(*args) in a worker thread, so that SIGINT during a long XLA compile is seen at once.
 
   Python runs signal handlers only in the main thread between bytecodes, and a GPU compile
   with convolution autotuning can stay inside XLA for minutes: compiled on the main thread,

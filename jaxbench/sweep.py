@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from jaxbench import catalog, report, store
+from jaxbench import catalog, registry, report, store
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,6 +153,13 @@ def outcome(record: dict[str, Any] | None) -> str:
   return f"{status}: {(record.get('error') or '')[:80]}"
 
 
+def _outdated(record: dict[str, Any]) -> bool:
+  """A result of an earlier revision of its workload's program (see Workload.revision)."""
+  if record.get('status') not in ('ok', 'oom') or record.get('workload') not in registry.names():
+    return False
+  return record.get('workload_revision', 1) != registry.get(record['workload']).revision
+
+
 def run(
   cells: list[Cell],
   store_path: str,
@@ -174,6 +181,7 @@ def run(
     if c.key not in done
     or done[c.key]['status'] == 'interrupted'  # stopped by a Ctrl-C: never counted as done
     or (retry_failed and done[c.key]['status'] == 'failed')
+    or _outdated(done[c.key])
   ]
   already = len(cells) - len(to_run)
   out(f'sweep: {len(cells)} cells, {already} already in {store_path}, {len(to_run)} to run')
@@ -250,6 +258,8 @@ def passthrough(f) -> list[str]:
     '--triton_gemm' if f.triton_gemm else '--notriton_gemm',
     '--verify_predicted_oom' if f.verify_predicted_oom else '--noverify_predicted_oom',
   ]
+  if f.autotune_level is not None:
+    args.append(f'--autotune_level={f.autotune_level}')
   if f.compilation_cache_dir:
     args.append(f'--compilation_cache_dir={f.compilation_cache_dir}')
   return args

@@ -77,6 +77,9 @@ class Workload:
   # GANs: the combined loss of two competing networks need not fall on a fixed
   # batch; their own tests check each network's loss with the other frozen.
   adversarial: bool = False
+  # Raised when the same configuration's compiled program changes (and with it its memory):
+  # results record it, and --search_hints takes forecasts only from the same revision.
+  revision: int = 1
 
   def __post_init__(self):
     object.__setattr__(self, 'config', types.MappingProxyType(dict(self.config)))

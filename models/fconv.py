@@ -54,10 +54,9 @@ class WeightNormConv1d(nn.Module):
   sides and drops the last K-1 outputs, which is the same); otherwise K//2 on each side.
 
   Computed as fairseq's ConvTBC computes it, with matrix products rather than a convolution
-  kernel: one GEMM of the input against all K taps at once ([B*L, Cin] x [Cin, K*Cout]), then
-  each tap's slice shifted into place and summed. The FLOPs are the convolution's, the
-  backward pass keeps only the input, and XLA hands cuBLAS GEMMs instead of cuDNN
-  convolutions (whose autotuning took minutes per compile at large batches on the H200).
+  kernel (`temporal_conv`): the FLOPs are the convolution's, the backward pass keeps only the
+  input and the kernel, and XLA hands cuBLAS GEMMs instead of cuDNN convolutions (whose
+  autotuning took minutes per compile at large batches on the H200).
   """
 
   features: int
@@ -99,13 +98,14 @@ def _conv_tbc_fwd(x_BxLxC, w_KxCxD, left):
 
 
 def _conv_tbc_bwd(left, residuals, g_BxLxD):
-  # The barrier keeps XLA from merging the shifted copy rebuilt below with the forward's
-  # (common-subexpression elimination would keep that one alive until here instead).
+  # As jax.checkpoint does: the barrier keeps XLA from merging the shifted copy rebuilt below
+  # with the forward's identical one, which would then be kept alive until here.
   x_BxLxC, w_KxCxD = jax.lax.optimization_barrier(residuals)
   k, c, d = w_KxCxD.shape
   # dx[s] = sum_j g[s - j + left] @ w[j]^T: the same shifted GEMM on g, taps reversed.
   flipped_KxDxC = jnp.flip(w_KxCxD, 0).transpose(0, 2, 1)
-  dx = jnp.einsum('bld,dc->blc', _shifted(g_BxLxD, k, k - 1 - left), flipped_KxDxC.reshape(k * d, c))
+  g_shifted = _shifted(g_BxLxD, k, k - 1 - left)
+  dx = jnp.einsum('bld,dc->blc', g_shifted, flipped_KxDxC.reshape(k * d, c))
   # dw[j] = sum_t x[t + j - left]^T g[t]: one GEMM of the shifted input against g.
   dw = jnp.einsum('blc,bld->cd', _shifted(x_BxLxC, k, left), g_BxLxD).reshape(k, c, d)
   return dx.astype(x_BxLxC.dtype), dw.astype(w_KxCxD.dtype)
@@ -377,6 +377,8 @@ FCONV_WMT_EN_DE = wl.Workload(
     dropout=0.1,
   ),
   trainer=wl.supervised(lambda cfg, dtype: FConv(cfg, dtype), make_batch, loss, optimizer),
+  # 2: the convolution's custom VJP (2026-11-30); 1 computed every tap's product at once.
+  revision=2,
   flops_per_example=flops_per_example,
   # max_tokens counts padded tokens of the longer side: sentences x max(S, T).
   example_size=lambda cfg: max(cfg['src_len'], cfg['tgt_len']),

@@ -23,7 +23,7 @@ import time
 
 jobs_file, out, deadline_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
 MIN_START_S = 120  # a job started with less time left could not finish a search
-GRACE_S = 30  # after SIGINT at the deadline, before SIGKILL
+GRACE_S = 60  # after SIGINT at the deadline, before SIGKILL (a step or an init may be in flight)
 gpus = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 start = time.monotonic()
 os.makedirs(out, exist_ok=True)

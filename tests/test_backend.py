@@ -31,6 +31,15 @@ def test_remat_is_disabled_unless_asked_and_triton_gemm_off_by_default():
   assert described == '0.5 GB limit (checked against compile-time analysis)'
 
 
+def test_autotune_level_is_xlas_unless_given():
+  code = (
+    'import os; from jaxbench import backend; backend.configure(None, False, autotune_level={}); '
+    'print(os.environ["XLA_FLAGS"])'
+  )
+  assert 'autotune' not in _python(code.format(None))
+  assert '--xla_gpu_autotune_level=1' in _python(code.format(1)).split()
+
+
 def test_configure_refuses_once_the_backend_has_started():
   out = _python(
     'import jax; jax.devices(); from jaxbench import backend\n'

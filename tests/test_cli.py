@@ -37,6 +37,7 @@ def jaxbench(*args, timeout=600):
     (['--model=bert_base', '--memory_limit_gb=0'], 'memory_limit_gb must be positive'),
     (['--model=bert_base', '--set=no_such_key=3'], 'no config key'),
     (['--model=bert_base', '--set=oops'], 'KEY=VALUE'),
+    (['--model=bert_base', '--autotune_level=5'], 'autotune_level'),
     (['--model=transformer_big', '--batch_size=10'], 'less than one example'),
     (['--model=bert_base', '--output=/no/such/dir/out.jsonl'], 'does not exist'),
     (['--model=bert_base', '--steps=many'], 'steps'),

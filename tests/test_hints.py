@@ -9,6 +9,7 @@ def _record(**changes):
   r = {
     'schema': 'jaxbench.result/1',
     'workload': 'bert_base',
+    'workload_revision': 2,
     'precision': 'fp32',
     'tiny': False,
     'jax_version': '0.11.2',
@@ -36,6 +37,7 @@ def test_only_the_same_program_compiler_and_device_count(tmp_path):
     _record(config={'seq_len': 512, 'dims': (768, 12)}),
     _record(device={'platform': 'gpu', 'kind': 'NVIDIA A100'}),
     _record(workload='bert_squad'),
+    _record(workload_revision=1),  # the model's program changed since
     _record(tiny=True),
   ]
   lines = [json.dumps(r) for r in [_record(), *others]]
@@ -49,3 +51,12 @@ def test_only_the_same_program_compiler_and_device_count(tmp_path):
 
 def test_no_files_no_hints():
   assert hints.load([], _record()) == ({}, 0)
+
+
+def test_results_from_before_revisions_count_as_revision_one(tmp_path):
+  path = tmp_path / 'old.jsonl'
+  old = _record()
+  del old['workload_revision']
+  path.write_text(json.dumps(old) + '\n')
+  assert hints.load([str(path)], _record(workload_revision=1))[1] == 1
+  assert hints.load([str(path)], _record(workload_revision=2))[1] == 0

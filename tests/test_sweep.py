@@ -5,6 +5,7 @@ two CPU cores); the command line is sweep.command's, so its flags are what a rea
 """
 
 import collections
+import dataclasses
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ import time
 
 import pytest
 
-from jaxbench import store, sweep
+from jaxbench import registry, store, sweep
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -81,6 +82,23 @@ def test_an_interrupted_cell_is_not_done(tmp_path):
   failed, lines = _run(path, cells)
   assert failed == 0 and lines[0] == f'sweep: 1 cells, 0 already in {path}, 1 to run'
   assert [r['status'] for r in store.read(path)[0]] == ['interrupted', 'ok']
+
+
+def test_a_cell_done_by_an_earlier_revision_of_its_workload_runs_again(tmp_path, monkeypatch):
+  """After a workload's program changes (Workload.revision), its stored figures are stale."""
+  path = str(tmp_path / 's.jsonl')
+  cells = _cells(gpus=('t4',))[:1]
+  _run(path, cells)
+  (record,) = store.read(path)[0]
+  with open(path, 'w') as f:
+    f.write(json.dumps({**record, 'workload_revision': 1}) + '\n')
+  _, lines = _run(path, cells)
+  assert lines[0] == f'sweep: 1 cells, 1 already in {path}, 0 to run'  # bert_base is revision 1
+  changed = dataclasses.replace(registry.get('bert_base'), revision=2)
+  get = registry.get
+  monkeypatch.setattr(registry, 'get', lambda name: changed if name == 'bert_base' else get(name))
+  _, lines = _run(path, cells)
+  assert lines[0] == f'sweep: 1 cells, 0 already in {path}, 1 to run'
 
 
 def test_sweep_records_each_cell_and_skips_them_on_rerun(tmp_path):

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import ad_checkpoint
 
 from jaxbench import precision
 from jaxbench import workload as wl
@@ -94,3 +95,13 @@ def test_the_gemm_convolution_equals_a_convolution(kernel, causal):
   want = jax.grad(loss(reference), argnums=(0, 1))(x, w)
   for g, r in zip(got, want):
     np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('causal', [False, True])
+def test_the_gemm_convolution_keeps_only_its_input_and_kernel_for_backward(causal, capsys):
+  """ConvTBC's memory: the K-times-wider shifted copy is rebuilt in the backward pass, not saved."""
+  x = jnp.ones((2, 7, 5))
+  w = jnp.ones((3, 5, 6))
+  ad_checkpoint.print_saved_residuals(lambda x, w: fconv.temporal_conv(x, w, causal), x, w)
+  saved = capsys.readouterr().out.strip().splitlines()
+  assert saved == ['f32[2,7,5] from the argument x', 'f32[3,5,6] from the argument w']
