@@ -109,6 +109,9 @@ class Program:
 
   def run(self, compiled: Compiled, steps: int) -> float:
     """Run `steps` steps from a fresh state; returns the last loss. Frees everything after."""
+    return _interruptible(self._run, compiled, steps)
+
+  def _run(self, compiled: Compiled, steps: int) -> float:
     state = batch = metrics = None
     try:
       state, batch = self.materialize(compiled.n)
@@ -123,13 +126,14 @@ class Program:
 
 
 def _interruptible(fn, *args):
-  """fn(*args) in a worker thread, so that SIGINT during a long XLA compile is seen at once.
+  """fn(*args) in a worker thread, so that SIGINT during a long XLA call is seen at once.
 
   Python runs signal handlers only in the main thread between bytecodes, and a GPU compile
-  with convolution autotuning can stay inside XLA for minutes: compiled on the main thread,
-  an interrupted search could not write its result before the SIGKILL that follows. Here the
-  main thread waits, KeyboardInterrupt reaches it, and the abandoned compile's thread is a
-  daemon that cannot hold the process open (see exit_now).
+  with convolution autotuning can stay inside XLA for minutes (a trial's first steps, with
+  the state's initialization, for tens of seconds): on the main thread, an interrupted search
+  could not write its result before the SIGKILL that follows. Here the main thread waits,
+  KeyboardInterrupt reaches it, and the abandoned call's thread is a daemon that cannot hold
+  the process open (see exit_now).
   """
   box: dict[str, Any] = {}
 

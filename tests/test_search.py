@@ -2,6 +2,9 @@
 
 import gc
 import json
+import signal
+import threading
+import time
 
 import jax
 import pytest
@@ -263,3 +266,22 @@ def test_an_interrupt_during_timing_keeps_the_search_in_the_output(tmp_path, mon
   (trial,) = result['search']['trials']
   assert trial['outcome'] == 'fits' and trial['examples'] == 2
   assert result['max_batch'] == batch and 'measurement' not in result
+
+
+def test_sigint_reaches_a_run_stuck_inside_a_long_xla_call():
+  """A compile or step runs in a worker thread, so Ctrl-C is not held until XLA returns."""
+  release = threading.Event()
+  previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+  try:
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+      prog._interruptible(release.wait, 30.0)  # stands in for a call that holds no GIL
+    assert time.monotonic() - start < 5.0
+  finally:
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGALRM, previous)
+    release.set()
+  assert prog._interruptible(lambda a, b: a + b, 2, 3) == 5
+  with pytest.raises(ZeroDivisionError):
+    prog._interruptible(lambda: 1 / 0)
