@@ -2,6 +2,7 @@
 
 import gc
 import json
+import re
 import signal
 import threading
 import time
@@ -9,7 +10,7 @@ import time
 import jax
 import pytest
 
-from jaxbench import bench, search
+from jaxbench import bench, precision, registry, search
 from jaxbench import program as prog
 from jaxbench import workload as wl
 from models import transformer
@@ -285,3 +286,13 @@ def test_sigint_reaches_a_run_stuck_inside_a_long_xla_call():
   assert prog._interruptible(lambda a, b: a + b, 2, 3) == 5
   with pytest.raises(ZeroDivisionError):
     prog._interruptible(lambda: 1 / 0)
+
+
+@pytest.mark.parametrize('policy, want', [('fp32', 'highest'), ('tf32', 'high')])
+def test_the_compiled_step_carries_the_policys_matmul_precision(policy, want):
+  """The precision context is thread-local and the compile runs in a worker thread: set there."""
+  w = registry.get('bert_base')
+  program = prog.Program(w, w.resolve(tiny=True), precision.get(policy))
+  text = program.compile(1).executable.as_text()
+  found = set(re.findall(r'operand_precision=\{(\w+),(\w+)\}', text))
+  assert found == {(want, want)}
