@@ -80,6 +80,8 @@ class Workload:
   # Raised when the same configuration's compiled program changes (and with it its memory):
   # results record it, and --search_hints takes forecasts only from the same revision.
   revision: int = 1
+  # Config keys that take one of a few values: key -> the allowed values (checked by resolve).
+  choices: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     object.__setattr__(self, 'config', types.MappingProxyType(dict(self.config)))
@@ -97,6 +99,10 @@ class Workload:
       if key not in cfg:
         raise ValueError(f'{self.name} has no config key {key!r}; keys: {", ".join(sorted(cfg))}')
       cfg[key] = type(cfg[key])(value) if cfg[key] is not None else value
+    for key, allowed in self.choices.items():
+      if cfg[key] not in allowed:
+        options = ', '.join(allowed)
+        raise ValueError(f'{self.name}: {key} must be one of {options}, got {cfg[key]!r}')
     return cfg
 
 

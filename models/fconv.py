@@ -63,6 +63,7 @@ class WeightNormConv1d(nn.Module):
   kernel: int
   causal: bool = False
   dropout: float = 0.0  # only scales the initialisation
+  impl: str = 'gemm'  # see temporal_conv
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -73,9 +74,11 @@ class WeightNormConv1d(nn.Module):
     g = self.param('g', lambda _: jnp.linalg.norm(v, axis=(0, 1)))
     b = self.param('bias', nn.initializers.zeros, (self.features,))
     w_KxCxD = v * (g / jnp.linalg.norm(v, axis=(0, 1)))
-    return temporal_conv(x_BxLxC.astype(self.dtype), w_KxCxD.astype(self.dtype), self.causal) + (
-      b.astype(self.dtype)
-    )
+    x_BxLxC, w_KxCxD = x_BxLxC.astype(self.dtype), w_KxCxD.astype(self.dtype)
+    return temporal_conv(x_BxLxC, w_KxCxD, self.causal, self.impl) + b.astype(self.dtype)
+
+
+CONV_IMPLS = ('gemm', 'gemm_per_tap', 'xla')
 
 
 def _shifted(x_BxLxC: jax.Array, k: int, left: int) -> jax.Array:
@@ -85,47 +88,75 @@ def _shifted(x_BxLxC: jax.Array, k: int, left: int) -> jax.Array:
   return jnp.concatenate([padded[:, j : j + length] for j in range(k)], axis=-1)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _conv_tbc(x_BxLxC: jax.Array, w_KxCxD: jax.Array, left: int) -> jax.Array:
+def _taps(x_BxLxC: jax.Array, w_KxCxD: jax.Array, left: int, per_tap: bool) -> jax.Array:
+  """sum_j x[t + j - left] @ w[j]: one GEMM over the K shifted copies side by side, or
+  (per_tap) one GEMM per tap on a shifted view, accumulated, as ConvTBC's loop does."""
   k, c, d = w_KxCxD.shape
-  return jnp.einsum('blc,cd->bld', _shifted(x_BxLxC, k, left), w_KxCxD.reshape(k * c, d))
+  if not per_tap:
+    return jnp.einsum('blc,cd->bld', _shifted(x_BxLxC, k, left), w_KxCxD.reshape(k * c, d))
+  length = x_BxLxC.shape[1]
+  padded = jnp.pad(x_BxLxC, ((0, 0), (left, k - 1 - left), (0, 0)))
+  return sum(jnp.einsum('blc,cd->bld', padded[:, j : j + length], w_KxCxD[j]) for j in range(k))
 
 
-def _conv_tbc_fwd(x_BxLxC, w_KxCxD, left):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _conv_tbc(x_BxLxC: jax.Array, w_KxCxD: jax.Array, left: int, per_tap: bool) -> jax.Array:
+  return _taps(x_BxLxC, w_KxCxD, left, per_tap)
+
+
+def _conv_tbc_fwd(x_BxLxC, w_KxCxD, left, per_tap):
   # Only the input and the kernel are kept for the backward pass, as ConvTBC keeps them: the
   # K-times-wider shifted copy is rebuilt there, so it lives only inside each GEMM's pass.
-  return _conv_tbc(x_BxLxC, w_KxCxD, left), (x_BxLxC, w_KxCxD)
+  return _taps(x_BxLxC, w_KxCxD, left, per_tap), (x_BxLxC, w_KxCxD)
 
 
-def _conv_tbc_bwd(left, residuals, g_BxLxD):
+def _conv_tbc_bwd(left, per_tap, residuals, g_BxLxD):
   # As jax.checkpoint does: the barrier keeps XLA from merging the shifted copy rebuilt below
   # with the forward's identical one, which would then be kept alive until here.
   x_BxLxC, w_KxCxD = jax.lax.optimization_barrier(residuals)
   k, c, d = w_KxCxD.shape
-  # dx[s] = sum_j g[s - j + left] @ w[j]^T: the same shifted GEMM on g, taps reversed.
-  flipped_KxDxC = jnp.flip(w_KxCxD, 0).transpose(0, 2, 1)
-  g_shifted = _shifted(g_BxLxD, k, k - 1 - left)
-  dx = jnp.einsum('bld,dc->blc', g_shifted, flipped_KxDxC.reshape(k * d, c))
-  # dw[j] = sum_t x[t + j - left]^T g[t]: one GEMM of the shifted input against g.
-  dw = jnp.einsum('blc,bld->cd', _shifted(x_BxLxC, k, left), g_BxLxD).reshape(k, c, d)
+  # dx[s] = sum_j g[s - j + left] @ w[j]^T: the same shifted GEMMs on g, taps reversed.
+  dx = _taps(g_BxLxD, jnp.flip(w_KxCxD, 0).transpose(0, 2, 1), k - 1 - left, per_tap)
+  # dw[j] = sum_t x[t + j - left]^T g[t].
+  if per_tap:
+    length = x_BxLxC.shape[1]
+    padded = jnp.pad(x_BxLxC, ((0, 0), (left, k - 1 - left), (0, 0)))
+    dw = jnp.stack(
+      [jnp.einsum('blc,bld->cd', padded[:, j : j + length], g_BxLxD) for j in range(k)]
+    )
+  else:
+    dw = jnp.einsum('blc,bld->cd', _shifted(x_BxLxC, k, left), g_BxLxD).reshape(k, c, d)
   return dx.astype(x_BxLxC.dtype), dw.astype(w_KxCxD.dtype)
 
 
 _conv_tbc.defvjp(_conv_tbc_fwd, _conv_tbc_bwd)
 
 
-def temporal_conv(x_BxLxC: jax.Array, w_KxCxD: jax.Array, causal: bool) -> jax.Array:
-  """Output t = sum_j x[t + j - left] @ w[j] (zero outside the sequence), as GEMMs.
+def temporal_conv(
+  x_BxLxC: jax.Array, w_KxCxD: jax.Array, causal: bool, impl: str = 'gemm'
+) -> jax.Array:
+  """Output t = sum_j x[t + j - left] @ w[j] (zero outside the sequence).
 
   left = K-1 when causal, else K//2 (with K//2 on the right): the same as a 'same'/causal
-  convolution, checked against jax.lax.conv_general_dilated in the tests (values and
-  gradients). Each pass is one GEMM over the K shifted copies of its input side by side
-  ([B*L, K*Cin] x [K*Cin, Cout]); the backward pass keeps only x and w (see _conv_tbc_fwd).
+  convolution; every impl is checked against jax.lax.conv_general_dilated in the tests
+  (values and gradients). impl:
+    'gemm': each pass one GEMM over the K shifted copies side by side
+      ([B*L, K*Cin] x [K*Cin, Cout]); the backward pass keeps only x and w (_conv_tbc_fwd).
+    'gemm_per_tap': K GEMMs per pass on shifted views, accumulated (ConvTBC's own loop):
+      smaller temporaries, smaller GEMMs; the backward pass also keeps only x and w.
+    'xla': lax.conv_general_dilated, i.e. cuDNN on a GPU, and autodiff.
   """
   k = w_KxCxD.shape[0]
+  left = k - 1 if causal else k // 2
+  if impl == 'xla':
+    return jax.lax.conv_general_dilated(
+      x_BxLxC, w_KxCxD, (1,), ((left, k - 1 - left),), dimension_numbers=('NWC', 'WIO', 'NWC')
+    )
+  if impl not in CONV_IMPLS:
+    raise ValueError(f'conv_impl must be one of {", ".join(CONV_IMPLS)}, got {impl!r}')
   if k == 1:
     return jnp.einsum('blc,cd->bld', x_BxLxC, w_KxCxD[0])
-  return _conv_tbc(x_BxLxC, w_KxCxD, k - 1 if causal else k // 2)
+  return _conv_tbc(x_BxLxC, w_KxCxD, left, impl == 'gemm_per_tap')
 
 
 @jax.custom_vjp
@@ -161,6 +192,7 @@ class ConvStack(nn.Module):
   dropout: float
   causal: bool
   attention_dim: int = 0  # > 0: a fairseq AttentionLayer in every block, to this embedding width
+  conv_impl: str = 'gemm'
   dtype: Any = jnp.float32
 
   @nn.compact
@@ -178,6 +210,7 @@ class ConvStack(nn.Module):
         kernel,
         causal=self.causal,
         dropout=self.dropout,
+        impl=self.conv_impl,
         dtype=self.dtype,
         name=f'conv_{i}',
       )(drop(x))
@@ -268,7 +301,9 @@ class FConv(nn.Module):
       )
     )
     x = dense(layers[0][0], 'encoder_fc1', p)(src_embedding)
-    x = ConvStack(layers, p, causal=False, dtype=self.dtype, name='encoder')(x, train, src_valid)
+    x = ConvStack(
+      layers, p, causal=False, conv_impl=cfg['conv_impl'], dtype=self.dtype, name='encoder'
+    )(x, train, src_valid)
     x = dense(e, 'encoder_fc2')(x)
     x = jnp.where(src_valid[..., None], x, 0)
     # Every decoder layer attends to the encoder: fairseq scales the gradients reaching the
@@ -282,9 +317,15 @@ class FConv(nn.Module):
       )
     )
     y = dense(layers[0][0], 'decoder_fc1', p)(tgt_embedding)
-    y = ConvStack(layers, p, causal=True, attention_dim=e, dtype=self.dtype, name='decoder')(
-      y, train, target_embedding=tgt_embedding, encoder_out=(keys_BxSxE, values_BxSxE, src_valid)
-    )
+    y = ConvStack(
+      layers,
+      p,
+      causal=True,
+      attention_dim=e,
+      conv_impl=cfg['conv_impl'],
+      dtype=self.dtype,
+      name='decoder',
+    )(y, train, target_embedding=tgt_embedding, encoder_out=(keys_BxSxE, values_BxSxE, src_valid))
     y = drop(dense(cfg['decoder_out_embed_dim'], 'decoder_fc2')(y))
     return dense(cfg['tgt_vocab'], 'decoder_fc3', p)(y)  # logits_BxTxV
 
@@ -364,6 +405,9 @@ FCONV_WMT_EN_DE = wl.Workload(
     # Fixed sentence lengths, as transformer_big (see README "transformer_big").
     src_len=30,
     tgt_len=30,
+    # How the convolutions are computed (temporal_conv): the same model and FLOPs, different
+    # kernels and memory. 'gemm' is fairseq's ConvTBC way; 'xla' is cuDNN's convolution.
+    conv_impl='gemm',
   ),
   tiny=dict(
     src_vocab=64,
@@ -379,6 +423,7 @@ FCONV_WMT_EN_DE = wl.Workload(
   trainer=wl.supervised(lambda cfg, dtype: FConv(cfg, dtype), make_batch, loss, optimizer),
   # 2: the convolution's custom VJP (2026-11-30); 1 computed every tap's product at once.
   revision=2,
+  choices={'conv_impl': CONV_IMPLS},
   flops_per_example=flops_per_example,
   # max_tokens counts padded tokens of the longer side: sentences x max(S, T).
   example_size=lambda cfg: max(cfg['src_len'], cfg['tgt_len']),

@@ -38,6 +38,7 @@ def jaxbench(*args, timeout=600):
     (['--model=bert_base', '--set=no_such_key=3'], 'no config key'),
     (['--model=bert_base', '--set=oops'], 'KEY=VALUE'),
     (['--model=bert_base', '--autotune_level=5'], 'autotune_level'),
+    (['--model=conv_seq2seq', '--set=conv_impl=cudnn'], 'conv_impl must be one of'),
     (['--model=transformer_big', '--batch_size=10'], 'less than one example'),
     (['--model=bert_base', '--output=/no/such/dir/out.jsonl'], 'does not exist'),
     (['--model=bert_base', '--steps=many'], 'steps'),

@@ -75,9 +75,10 @@ def test_grad_multiply_scales_only_the_gradient():
   np.testing.assert_allclose(grad, 0.25 * 2 * x)
 
 
+@pytest.mark.parametrize('impl', fconv.CONV_IMPLS)
 @pytest.mark.parametrize('kernel, causal', [(3, False), (3, True), (1, False), (4, True)])
-def test_the_gemm_convolution_equals_a_convolution(kernel, causal):
-  """fconv's ConvTBC-style GEMM + shifts is the 'same' (or causal) convolution, values and grads."""
+def test_the_gemm_convolution_equals_a_convolution(kernel, causal, impl):
+  """fconv's ConvTBC-style GEMMs are the 'same' (or causal) convolution, values and grads."""
   x = jax.random.normal(jax.random.key(0), (2, 7, 5))
   w = jax.random.normal(jax.random.key(1), (kernel, 5, 6))
   left = kernel - 1 if causal else kernel // 2
@@ -88,20 +89,28 @@ def test_the_gemm_convolution_equals_a_convolution(kernel, causal):
     )
 
   np.testing.assert_allclose(
-    fconv.temporal_conv(x, w, causal), reference(x, w), rtol=1e-5, atol=1e-5
+    fconv.temporal_conv(x, w, causal, impl), reference(x, w), rtol=1e-5, atol=1e-5
   )
   loss = lambda f: lambda x, w: jnp.sum(jnp.sin(f(x, w)))  # noqa: E731
-  got = jax.grad(loss(lambda x, w: fconv.temporal_conv(x, w, causal)), argnums=(0, 1))(x, w)
+  got = jax.grad(loss(lambda x, w: fconv.temporal_conv(x, w, causal, impl)), argnums=(0, 1))(x, w)
   want = jax.grad(loss(reference), argnums=(0, 1))(x, w)
   for g, r in zip(got, want):
     np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize('impl', ['gemm', 'gemm_per_tap'])
 @pytest.mark.parametrize('causal', [False, True])
-def test_the_gemm_convolution_keeps_only_its_input_and_kernel_for_backward(causal, capsys):
+def test_the_gemm_convolution_keeps_only_its_input_and_kernel_for_backward(causal, impl, capsys):
   """ConvTBC's memory: the K-times-wider shifted copy is rebuilt in the backward pass, not saved."""
   x = jnp.ones((2, 7, 5))
   w = jnp.ones((3, 5, 6))
-  ad_checkpoint.print_saved_residuals(lambda x, w: fconv.temporal_conv(x, w, causal), x, w)
+  ad_checkpoint.print_saved_residuals(lambda x, w: fconv.temporal_conv(x, w, causal, impl), x, w)
   saved = capsys.readouterr().out.strip().splitlines()
   assert saved == ['f32[2,7,5] from the argument x', 'f32[3,5,6] from the argument w']
+
+
+def test_the_conv_impl_is_a_config_choice():
+  w = fconv.FCONV_WMT_EN_DE
+  assert w.resolve(overrides={'conv_impl': 'xla'})['conv_impl'] == 'xla'
+  with pytest.raises(ValueError, match='conv_impl must be one of gemm, gemm_per_tap, xla'):
+    w.resolve(overrides={'conv_impl': 'cudnn'})
