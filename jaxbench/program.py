@@ -143,7 +143,7 @@ def _interruptible(fn, *args):
     except BaseException as e:  # pylint: disable=broad-except
       box['error'] = e
 
-  thread = threading.Thread(target=work, name='xla-compile', daemon=True)
+  thread = threading.Thread(target=work, name='xla-call', daemon=True)
   thread.start()
   thread.join()  # interruptible: SIGINT raises KeyboardInterrupt here
   if 'error' in box:
@@ -152,7 +152,7 @@ def _interruptible(fn, *args):
 
 
 def exit_now(status: int) -> None:
-  """Exit without waiting for an abandoned compile (interpreter teardown under it can crash)."""
+  """Exit without waiting for an abandoned compile or step (teardown under it can crash)."""
   sys.stdout.flush()
   sys.stderr.flush()
   os._exit(status)  # pylint: disable=protected-access
