@@ -189,6 +189,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
     trials=[dataclasses.asdict(t) for t in found.trials],
     seconds=round(found.seconds, 2),
     compiles=sum(t.compile_s is not None for t in found.trials),
+    capped=found.capped,
   )
   result['max_examples'] = found.max_examples
   result['max_batch'] = found.max_examples * w.example_size(cfg)

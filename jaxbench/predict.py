@@ -87,6 +87,7 @@ def predict(
         'trials': [dataclasses.asdict(t) for t in found.trials],
         'seconds': round(time.perf_counter() - start, 2),
         'compiles': memo.compiles - compiles,
+        'capped': found.capped,
       },
       'max_examples': found.max_examples,
       'max_batch': found.max_examples * w.example_size(cfg),
@@ -119,6 +120,7 @@ def line(r: dict[str, Any]) -> str:
   return (
     f"  {r['workload']} {r['precision']} on {emu['gpu']} (cap {cap:.2f} GB):"
     f" predicted max batch {what}"
+    f"{' (at least: the search stopped at --max_examples)' if r['search'].get('capped') else ''}"
     f"{'' if peak is None else f', peak {peak / 1e9:.3f} GB'}"
     f" ({len(r['search']['trials'])} probes, {r['search']['compiles']} compiles)"
   )

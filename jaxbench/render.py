@@ -80,10 +80,13 @@ def prediction_table(records: list[dict[str, Any]]) -> tables.Table:
       tuple(map(tuple, r.get('overrides') or [])),
     )
     (preds if r.get('mode') == 'predict' else runs)[k] = r
-  rows, errors = [], []
+  rows, errors, bounds = [], [], 0
   for k in sorted(set(runs) & set(preds)):
     p, m = preds[k], runs[k]
     if p['status'] not in ('ok', 'oom') or m['status'] not in ('ok', 'oom', 'invalid'):
+      continue
+    if any((r.get('search') or {}).get('capped') for r in (p, m)):
+      bounds += 1  # a lower bound (--max_examples) is no maximum to measure an error against
       continue
     err = (p['max_examples'] - m['max_examples']) / m['max_examples'] if m['max_examples'] else None
     if err is not None:
@@ -105,6 +108,8 @@ def prediction_table(records: list[dict[str, Any]]) -> tables.Table:
     if errors
     else 'No cell has both a prediction and an emulated run yet.'
   )
+  if bounds:
+    note += f' ({bounds} left out: a search stopped at --max_examples, a lower bound only)'
   return tables.Table(
     'Predicted vs emulated max batch',
     ['workload', 'precision', 'GPU', 'predicted', 'emulated', 'error'],

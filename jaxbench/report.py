@@ -106,6 +106,11 @@ def notes(results: Iterable[dict[str, Any]]) -> str:
       f" {len(r['search']['trials'])} trials"
       + ('.' if r['search'].get('seconds') is None else f", {r['search']['seconds']:.1f} s.")
     )
+    if (r.get('search') or {}).get('capped'):
+      out.append(
+        f"{r['workload']}: every batch up to --max_examples fitted; {r['max_batch']} {r['unit']}"
+        ' is a lower bound, not the max.'
+      )
     if r['status'] == 'interrupted':
       out.append(
         f"{r['workload']}: {r['error']}; the largest batch that ran: {r['max_batch']} {r['unit']}."

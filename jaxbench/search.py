@@ -58,6 +58,8 @@ class Result:
   budget_bytes: int | None
   best: prog.Compiled | None  # the compiled step at max_examples, kept for timing
   error: str | None = None
+  # The search reached its max_examples with nothing failing: max_examples is a lower bound.
+  capped: bool = False
 
 
 def probe(
@@ -253,7 +255,9 @@ def find_max_batch(
     else:
       hi = n if hi is None else min(hi, n)
     if (hi is not None and hi - lo <= max(1, int(tolerance * lo))) or lo >= max_examples:
-      return Result(lo, trials, time.perf_counter() - start, budget_bytes, best)
+      # Stopped by the cap rather than by a failure just above: the max is only a lower bound.
+      capped = lo >= max_examples and (hi is None or hi > lo + 1)
+      return Result(lo, trials, time.perf_counter() - start, budget_bytes, best, capped=capped)
     # A gallop that stayed on its side (up and fitting, down and failing) doubles its step.
     kept_going = (direction == 'up' and trial.fits) or (direction == 'down' and not trial.fits)
     gallop = 2 * gallop if kept_going else 1

@@ -69,7 +69,8 @@ def source_label(record: dict[str, Any]) -> str:
 
 def _batch_cell(r: dict[str, Any]) -> Cell:
   if r['status'] in ('ok', 'invalid'):
-    return Cell(float(r['max_batch']), str(r['max_batch']))
+    at_least = '≥' if (r.get('search') or {}).get('capped') else ''  # stopped by --max_examples
+    return Cell(float(r['max_batch']), f"{at_least}{r['max_batch']}")
   return Cell(None, 'OOM' if r['status'] == 'oom' else r['status'])
 
 
@@ -129,7 +130,7 @@ def _ratio(a: Cell | None, b: Cell | None) -> str:
   if a is None or b is None:
     return ''
   if a.value is not None and b.value:
-    return f'{a.value / b.value:.2f}'
+    return f"{'≥' if a.text.startswith('≥') else ''}{a.value / b.value:.2f}"  # a lower bound's
   if a.text == 'OOM' and b.text == 'OOM':
     return 'both OOM'
   return ''

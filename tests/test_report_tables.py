@@ -93,6 +93,18 @@ def test_prediction_error_is_measured_per_cell():
   assert t.notes[0] == '2 cells: mean absolute error 12.5%, 1 exact, 1 over-predicted'
 
 
+def test_a_max_stopped_by_max_examples_shows_as_a_lower_bound_and_measures_no_error():
+  capped = _result('bert_base', 'rtx_2080_ti', 8, 50.0)
+  capped['search'] = {'capped': True}
+  records = FIXTURE + [capped, _result('bert_base', 'rtx_2080_ti', 64, mode='predict')]
+  t = render.build_tables(tables.collect(records), 'quadro_rtx_8000')['max_batch']
+  assert _rows(t, 'bert_base')['emulated fp32'][4] == '≥8'
+  assert _rows(t, 'bert_base')['emulated fp32 / 2020'][4] == '≥0.25'  # 2020: 32 sequences
+  p = render.prediction_table(tables.collect(records).records)
+  assert [r[2] for r in p.rows] == ['Quadro RTX 8000', 'RTX 2060']  # not the 2080 Ti pair
+  assert p.notes[0].endswith('(1 left out: a search stopped at --max_examples, a lower bound only)')
+
+
 def test_a_retried_cell_shows_its_latest_result():
   retried = FIXTURE + [_result('mt_dnn', 'rtx_2060', 1, 3.0)]
   t = render.build_tables(tables.collect(retried), 'quadro_rtx_8000')['max_batch']

@@ -296,3 +296,13 @@ def test_the_compiled_step_carries_the_policys_matmul_precision(policy, want):
   text = program.compile(1).executable.as_text()
   found = set(re.findall(r'operand_precision=\{(\w+),(\w+)\}', text))
   assert found == {(want, want)}
+
+
+def test_a_search_stopped_by_max_examples_says_its_max_is_a_lower_bound():
+  p = FakeProgram(a=0, b=1)
+  capped = search.find_max_batch(p, budget_bytes=1000, max_examples=64)
+  assert capped.max_examples == 64 and capped.capped
+  exact = search.find_max_batch(FakeProgram(a=0, b=1), budget_bytes=1000)
+  assert exact.max_examples == 1000 and not exact.capped
+  at_cap = search.find_max_batch(FakeProgram(a=0, b=1), budget_bytes=1000, max_examples=1000)
+  assert at_cap.max_examples == 1000 and at_cap.capped  # nothing above the cap was tried
