@@ -6,9 +6,9 @@ runs it with CUDA_VISIBLE_DEVICES set to its GPU and its log in OUT/, and takes
 another when it ends, until the queue is empty or the deadline comes; a job
 still running at the deadline is interrupted (SIGINT, then SIGKILL): it then
 appends a result with status 'interrupted' holding its search trials so far.
-Results go to OUT/results.jsonl (each run appends whole lines), and that file
-aims the searches of later jobs (--search_hints). Used for the runs behind
-docs/results/.
+Results go to OUT/results.jsonl (each run appends whole lines), and that file aims the
+searches of later jobs (--search_hints); at the end OUT/summary.md (and the output) has them as
+docs/results/ table rows (scripts/summarize.py). Used for the runs behind docs/results/.
 
   python3 scripts/gpu_queue.py JOBS OUT DEADLINE_S [GPUS]
 """
@@ -92,3 +92,15 @@ for t in threads:
 with open(os.path.join(out, 'summary.txt'), 'w') as f:
   f.write('\n'.join(s for s in summary if s) + '\n')
 print('\n'.join(s for s in summary if s and 'not started' in s))
+results_path = os.path.join(out, 'results.jsonl')
+if os.path.isfile(results_path):
+  # The results as the table rows and search chains of docs/results/ (scripts/summarize.py).
+  here = os.path.dirname(os.path.abspath(__file__))
+  rows = subprocess.run(
+    [sys.executable, os.path.join(here, 'summarize.py'), results_path],
+    capture_output=True,
+    text=True,
+  )
+  with open(os.path.join(out, 'summary.md'), 'w') as f:
+    f.write(rows.stdout + rows.stderr)
+  print(rows.stdout + rows.stderr)
