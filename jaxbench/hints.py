@@ -34,9 +34,7 @@ def load(paths: Iterable[str], head: dict[str, Any]) -> tuple[dict[int, int], in
   for path in paths:
     records, _ = store.read(path)
     for r in records:
-      if any(r.get(k) != head[k] for k in _SAME):
-        continue
-      if r.get('workload_revision', 1) != head['workload_revision']:  # absent before revisions
+      if any(r.get(k) != head[k] for k in _SAME) or store.revision(r) != store.revision(head):
         continue
       if _normal(r.get('config')) != _normal(head['config']):
         continue

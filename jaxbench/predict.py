@@ -12,7 +12,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Iterator
 
-from jaxbench import bench, catalog, emulation, hints, precision, search
+from jaxbench import bench, catalog, emulation, hints, precision, search, store
 from jaxbench import program as prog
 from jaxbench import workload as wl
 
@@ -120,7 +120,7 @@ def line(r: dict[str, Any]) -> str:
   return (
     f"  {r['workload']} {r['precision']} on {emu['gpu']} (cap {cap:.2f} GB):"
     f" predicted max batch {what}"
-    f"{' (at least: the search stopped at --max_examples)' if r['search'].get('capped') else ''}"
+    f"{' (at least: the search stopped at --max_examples)' if store.lower_bound(r) else ''}"
     f"{'' if peak is None else f', peak {peak / 1e9:.3f} GB'}"
     f" ({len(r['search']['trials'])} probes, {r['search']['compiles']} compiles)"
   )

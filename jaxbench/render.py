@@ -8,7 +8,7 @@ import matplotlib
 matplotlib.use('Agg')  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
 
-from jaxbench import catalog, published, tables  # noqa: E402
+from jaxbench import catalog, published, store, tables  # noqa: E402
 
 EMULATION_NOTE = (
   'Emulated rows ran on the host GPU named in the results with XLA\'s allocator capped at the '
@@ -85,7 +85,7 @@ def prediction_table(records: list[dict[str, Any]]) -> tables.Table:
     p, m = preds[k], runs[k]
     if p['status'] not in ('ok', 'oom') or m['status'] not in ('ok', 'oom', 'invalid'):
       continue
-    if any((r.get('search') or {}).get('capped') for r in (p, m)):
+    if store.lower_bound(p) or store.lower_bound(m):
       bounds += 1  # a lower bound (--max_examples) is no maximum to measure an error against
       continue
     err = (p['max_examples'] - m['max_examples']) / m['max_examples'] if m['max_examples'] else None

@@ -4,6 +4,8 @@ import json
 import os
 from typing import Any, Iterable
 
+from jaxbench import store
+
 COLUMNS = (
   'workload',
   'precision',
@@ -106,7 +108,7 @@ def notes(results: Iterable[dict[str, Any]]) -> str:
       f" {len(r['search']['trials'])} trials"
       + ('.' if r['search'].get('seconds') is None else f", {r['search']['seconds']:.1f} s.")
     )
-    if (r.get('search') or {}).get('capped'):
+    if store.lower_bound(r):
       out.append(
         f"{r['workload']}: every batch up to --max_examples fitted; {r['max_batch']} {r['unit']}"
         ' is a lower bound, not the max.'

@@ -45,6 +45,16 @@ def key_of(record: dict[str, Any]) -> Key:
   )
 
 
+def revision(record: dict[str, Any]) -> int:
+  """The workload revision a result was measured with (results from before revisions: 1)."""
+  return record.get('workload_revision', 1)
+
+
+def lower_bound(record: dict[str, Any]) -> bool:
+  """Whether the search stopped at --max_examples with everything fitting (search.capped)."""
+  return bool((record.get('search') or {}).get('capped'))
+
+
 def read(path: str) -> tuple[list[dict[str, Any]], str | None]:
   """All whole results in `path` (none if it does not exist) and one warning line, if any."""
   if not os.path.exists(path):

@@ -157,7 +157,7 @@ def _outdated(record: dict[str, Any]) -> bool:
   """A result of an earlier revision of its workload's program (see Workload.revision)."""
   if record.get('status') not in ('ok', 'oom') or record.get('workload') not in registry.names():
     return False
-  return record.get('workload_revision', 1) != registry.get(record['workload']).revision
+  return store.revision(record) != registry.get(record['workload']).revision
 
 
 def run(

@@ -54,6 +54,7 @@ class Cell:
 
   value: float | None
   text: str
+  at_least: bool = False  # a lower bound: the search stopped at --max_examples
 
 
 def source_label(record: dict[str, Any]) -> str:
@@ -69,8 +70,8 @@ def source_label(record: dict[str, Any]) -> str:
 
 def _batch_cell(r: dict[str, Any]) -> Cell:
   if r['status'] in ('ok', 'invalid'):
-    at_least = '≥' if (r.get('search') or {}).get('capped') else ''  # stopped by --max_examples
-    return Cell(float(r['max_batch']), f"{at_least}{r['max_batch']}")
+    bound = store.lower_bound(r)
+    return Cell(float(r['max_batch']), f"{'≥' if bound else ''}{r['max_batch']}", at_least=bound)
   return Cell(None, 'OOM' if r['status'] == 'oom' else r['status'])
 
 
@@ -130,7 +131,7 @@ def _ratio(a: Cell | None, b: Cell | None) -> str:
   if a is None or b is None:
     return ''
   if a.value is not None and b.value:
-    return f"{'≥' if a.text.startswith('≥') else ''}{a.value / b.value:.2f}"  # a lower bound's
+    return f"{'≥' if a.at_least else ''}{a.value / b.value:.2f}"
   if a.text == 'OOM' and b.text == 'OOM':
     return 'both OOM'
   return ''
