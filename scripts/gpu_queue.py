@@ -8,13 +8,16 @@ still running at the deadline is interrupted (SIGINT, then SIGKILL): it then
 appends a result with status 'interrupted' holding its search trials so far.
 Results go to OUT/results.jsonl (each run appends whole lines), and that file aims the
 searches of later jobs (--search_hints); at the end OUT/summary.md (and the output) has them as
-docs/results/ table rows (scripts/summarize.py). Used for the runs behind docs/results/.
+docs/results/ table rows (scripts/summarize.py). Where nvidia-smi exists, OUT/gpu_monitor.csv
+logs each GPU's clocks, power and throttle reasons once a second. Used for the runs behind
+docs/results/.
 
   python3 scripts/gpu_queue.py JOBS OUT DEADLINE_S [GPUS]
 """
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -84,11 +87,23 @@ def worker(gpu: int) -> None:
     print(summary[index], flush=True)
 
 
+# The GPUs' clocks, power, temperature and throttle reasons once a second, to explain a run's
+# spread (two bf16 runs beside a job on the other GPU varied 16-27% between windows).
+monitor = None
+if shutil.which('nvidia-smi'):
+  query = 'timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,'
+  query += 'clocks_throttle_reasons.active'
+  with open(os.path.join(out, 'gpu_monitor.csv'), 'w') as f:
+    monitor = subprocess.Popen(
+      ['nvidia-smi', f'--query-gpu={query}', '--format=csv', '-l', '1'], stdout=f, stderr=f
+    )
 threads = [threading.Thread(target=worker, args=(g,)) for g in range(gpus)]
 for t in threads:
   t.start()
 for t in threads:
   t.join()
+if monitor is not None:
+  monitor.terminate()
 with open(os.path.join(out, 'summary.txt'), 'w') as f:
   f.write('\n'.join(s for s in summary if s) + '\n')
 print('\n'.join(s for s in summary if s and 'not started' in s))

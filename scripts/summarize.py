@@ -2,7 +2,7 @@
 
   python3 scripts/summarize.py docs/results/2026-11-30-h200-runs.jsonl [...]
 
-One table row per result that has a measurement, then each result's search as printed:
+One table row per result with status ok, then each result's search as printed:
 "n fits P GB (compile s) -> n predicted P GB (compile s) -> ...". Batches are in the
 workload's unit; memory is "full" or the --memory_limit_gb cap; an emulated card is named.
 """
@@ -21,6 +21,12 @@ def _gb(n: int | None) -> str:
   return '—' if n is None else f'{n / 1e9:.2f}'
 
 
+def workload(r: dict) -> str:
+  """The workload's name, with its --set overrides where a run had any."""
+  sets = ', '.join(f'{k}={v}' for k, v in r.get('overrides') or [])
+  return f"{r['workload']} ({sets})" if sets else r['workload']
+
+
 def memory(r: dict) -> str:
   if r.get('emulation'):
     return f"{r['emulation']['display']} (emulated)"
@@ -30,8 +36,8 @@ def memory(r: dict) -> str:
 
 def row(r: dict) -> str | None:
   m = r.get('measurement')
-  if not m:
-    return None
+  if r.get('status') != 'ok' or not m or m.get('units_per_s') is None:
+    return None  # interrupted, invalid or failed: its chain below says what it got
   search = r.get('search') or {}
   trials = search.get('trials') or []
   if search.get('mode') == 'fixed':
@@ -40,7 +46,7 @@ def row(r: dict) -> str | None:
     how = f"{search.get('compiles', len(trials))} / {search.get('seconds') or 0:.0f} s"
   tol = search.get('tolerance') or 0
   return (
-    f"| {r['workload']} | {r['precision']} | {memory(r)} | {r['max_batch']:,} {r['unit']} "
+    f"| {workload(r)} | {r['precision']} | {memory(r)} | {r['max_batch']:,} {r['unit']} "
     f"| {m['units_per_s']:,.1f} {r['throughput_unit']} "
     f"| {m['median_step_s'] * 1e3:,.1f} ({m['spread_pct']:.1f}%) | {m['tflops_per_s']:.1f} "
     f"| {_gb(m.get('predicted_peak_bytes'))} / {_gb(m.get('process_peak_bytes'))} GB "
@@ -57,8 +63,9 @@ def chain(r: dict) -> str:
     peak = f" {_gb(t.get('predicted_peak_bytes'))} GB" if t.get('predicted_peak_bytes') else ''
     compile_s = f" ({t['compile_s']:.1f} s)" if t.get('compile_s') is not None else ''
     steps.append(f"{t['batch']:,} {what}{peak}{compile_s}")
-  head = f"{r['workload']} {r['precision']}, {memory(r)} [{r['status']}]"
-  return f"{head}: {' → '.join(steps) or 'no trials'}"
+  head = f"{workload(r)} {r['precision']}, {memory(r)} [{r['status']}]"
+  error = f" ({r['error']})" if r.get('error') else ''
+  return f"{head}: {' → '.join(steps) or 'no trials'}{error}"
 
 
 def main(paths: list[str]) -> None:
