@@ -4,6 +4,7 @@ import dataclasses
 import datetime
 import os
 import sys
+import time
 from typing import Any
 
 import jax
@@ -149,6 +150,8 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
 
   def on_trial(t: search.Trial) -> None:
     progress.trials.append(t)
+    if program.init_s is not None:  # the first trial that ran built the initial state
+      result['init_s'] = round(program.init_s, 3)
     log(_trial_line(w, t))
 
   program = prog.Program(w, cfg, policy, seed=opts.seed)
@@ -157,6 +160,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
   if opts.batch_size is not None:
     result['search'] = {'mode': 'fixed'}
     n = examples_for(w, cfg, opts.batch_size)
+    start = time.perf_counter()
     trial, compiled = search.probe(
       program, n, budget, verify_predicted_oom=opts.verify_predicted_oom
     )
@@ -164,7 +168,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
     found = search.Result(
       n if trial.fits else 0,
       [trial],
-      0.0,
+      time.perf_counter() - start,
       budget,
       compiled,
       trial.detail if trial.outcome == search.ERROR else None,

@@ -64,6 +64,8 @@ class Program:
     self._step = jax.jit(self.trainer.step, donate_argnums=(0,))
     self._init = jax.jit(self.trainer.init)
     self._batch = jax.jit(self.trainer.make_batch, static_argnums=(1,))
+    self._host_state = None  # workload.eager_init: the initial state in host memory
+    self.init_s: float | None = None  # the first initialization's seconds, compile included
 
   def param_counts(self) -> dict[str, int]:
     return wl.param_counts(self.trainer, self.state_shapes)
@@ -101,9 +103,31 @@ class Program:
     with jax.default_matmul_precision(self.policy.matmul_precision):  # thread-local: set here
       return self._step.lower(self.state_shapes, batch_shapes, self.rng).compile()
 
+  def initial_state(self):
+    """A fresh initial training state on the device (the step donates it)."""
+    if not self.workload.eager_init:
+      start = time.perf_counter()
+      state = jax.block_until_ready(self._init(self.rng))
+      if self.init_s is None:
+        self.init_s = time.perf_counter() - start
+      return state
+    # Jitted, an initialization is one program with a kernel per parameter initializer,
+    # and nasnet_large's thousand took 225 s to compile on a 2-core CPU (its first trial
+    # on the H200: 335 s, mostly this). Op by op on the CPU, initializers of one shape
+    # share a compiled op: 54 s there (but 16 s against 7 s jitted for tiny BERT, so
+    # only where a workload asks). Built once; each trial copies it to the device.
+    if self._host_state is None:
+      cpu = jax.local_devices(backend='cpu')[0]
+      start = time.perf_counter()
+      with jax.default_device(cpu):
+        state = self.trainer.init(jax.device_put(self.rng, cpu))
+      self._host_state = jax.block_until_ready(state)
+      self.init_s = time.perf_counter() - start
+    return jax.device_put(self._host_state, jax.devices()[0], may_alias=False)
+
   def materialize(self, n: int):
-    """Fresh state and a batch of n examples on the device, built by jitted functions."""
-    state = self._init(self.rng)
+    """A fresh state and a batch of n examples (built by a jitted function) on the device."""
+    state = self.initial_state()
     batch = self._batch(jax.random.fold_in(self.rng, 1), n)
     return state, batch
 

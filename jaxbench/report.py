@@ -106,7 +106,9 @@ def notes(results: Iterable[dict[str, Any]]) -> str:
       f" enforced by {mem['enforced_by']}; XLA rematerialization {'on' if mem['remat'] else 'off'}"
       f"; {'max-batch search' if r['search']['mode'] == 'search' else 'fixed batch'},"
       f" {len(r['search']['trials'])} trials"
-      + ('.' if r['search'].get('seconds') is None else f", {r['search']['seconds']:.1f} s.")
+      + ('' if r['search'].get('seconds') is None else f", {r['search']['seconds']:.1f} s")
+      + ('' if r.get('init_s') is None else f" (initial state built in {r['init_s']:.1f} s)")
+      + '.'
     )
     if store.lower_bound(r):
       out.append(

@@ -82,6 +82,9 @@ class Workload:
   revision: int = 1
   # Config keys that take one of a few values: key -> the allowed values (checked by resolve).
   choices: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
+  # Build the initial state op by op on the host CPU instead of as one jitted program (see
+  # program.Program.initial_state): for models whose jitted init takes minutes to compile.
+  eager_init: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, 'config', types.MappingProxyType(dict(self.config)))

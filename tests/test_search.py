@@ -1,5 +1,6 @@
 """The max-batch search: doubling, the line jump, bisection, the boundary, OOM handling."""
 
+import dataclasses
 import gc
 import json
 import re
@@ -306,3 +307,21 @@ def test_a_search_stopped_by_max_examples_says_its_max_is_a_lower_bound():
   assert exact.max_examples == 1000 and not exact.capped
   at_cap = search.find_max_batch(FakeProgram(a=0, b=1), budget_bytes=1000, max_examples=1000)
   assert at_cap.max_examples == 1000 and at_cap.capped  # nothing above the cap was tried
+
+
+def test_an_eager_init_builds_the_jitted_state_once_and_every_trial_gets_a_copy():
+  """eager_init: the same initial state as the jitted init, and donation never reaches it."""
+  w = transformer.TRANSFORMER_BIG
+  cfg = w.resolve(tiny=True)
+  jitted = prog.Program(w, cfg, bench.precision.get('fp32'))
+  eager = prog.Program(dataclasses.replace(w, eager_init=True), cfg, bench.precision.get('fp32'))
+  want, got = jitted.initial_state(), eager.initial_state()
+  assert jitted.init_s > 0 and eager.init_s > 0
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert jax.numpy.allclose(a, b, rtol=1e-5, atol=1e-6)
+  first_init_s = eager.init_s
+  compiled = eager.compile(2)
+  losses = [eager.run(compiled, 2) for _ in range(2)]  # the steps donate their state
+  assert losses[0] == losses[1]  # both trials started from the same intact initial state
+  assert eager.init_s == first_init_s  # built once
