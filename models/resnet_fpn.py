@@ -1,6 +1,7 @@
 """ResNet (He et al. 2016) with frozen batch norm and a Feature Pyramid Network (Lin et al. 2017),
 as maskrcnn-benchmark's R-101-FPN body (STRIDE_IN_1X1, FrozenBatchNorm2d, LastLevelMaxPool)."""
 
+import math
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -25,12 +26,14 @@ class FrozenBatchNorm(nn.Module):
 
   The reference loads these from ImageNet-trained batch-norm statistics, which normalize
   each channel of the pretrained network. With random weights we set them the same way from
-  the activations of the initialization batch (data-dependent init), so activations keep unit
-  scale through 33 blocks. They live in the 'frozen_bn' collection, not in 'params': the
-  optimizer never sees them and the parameter count excludes them, as the reference's buffers.
+  the activations of the initialization batch (data-dependent init): each channel comes out
+  with zero mean and standard deviation `gain`. They live in the 'frozen_bn' collection, not in
+  'params': the optimizer never sees them and the parameter count excludes them, as the
+  reference's buffers.
   """
 
   epsilon: float = 1e-5
+  gain: float = 1.0
 
   @nn.compact
   def __call__(self, x):
@@ -39,7 +42,7 @@ class FrozenBatchNorm(nn.Module):
       mean, var = x32.mean(axis=(0, 1, 2)), x32.var(axis=(0, 1, 2))
       # A small map (a tiny preset's res5 is 2x2) gives noisy variances: floor them.
       var = jnp.maximum(var, 0.1 * var.mean())
-      scale = jax.lax.rsqrt(var + self.epsilon)
+      scale = self.gain * jax.lax.rsqrt(var + self.epsilon)
       return scale, -mean * scale
 
     scale = self.variable('frozen_bn', 'scale', lambda: stats()[0])
@@ -48,12 +51,17 @@ class FrozenBatchNorm(nn.Module):
 
 
 class Bottleneck(nn.Module):
-  """1x1 (strided, STRIDE_IN_1X1) -> 3x3 -> 1x1 bottleneck with a projection when needed."""
+  """1x1 (strided, STRIDE_IN_1X1) -> 3x3 -> 1x1 bottleneck with a projection when needed.
+
+  `residual_gain`: the standard deviation of the residual branch (its last frozen batch norm)
+  at initialization; the projection shortcut, where there is one, has unit scale.
+  """
 
   width: int
   out: int
   stride: int
   dtype: Any = jnp.float32
+  residual_gain: float = 1.0
 
   @nn.compact
   def __call__(self, x):
@@ -74,7 +82,7 @@ class Bottleneck(nn.Module):
       )
     y = nn.relu(FrozenBatchNorm(name='bn1')(conv(self.width, 1, self.stride, 'conv1')(x)))
     y = nn.relu(FrozenBatchNorm(name='bn2')(conv(self.width, 3, 1, 'conv2')(y)))
-    y = FrozenBatchNorm(name='bn3')(conv(self.out, 1, 1, 'conv3')(y))
+    y = FrozenBatchNorm(gain=self.residual_gain, name='bn3')(conv(self.out, 1, 1, 'conv3')(y))
     return nn.relu(y + shortcut)
 
 
@@ -103,9 +111,17 @@ class ResNetFPN(nn.Module):
     stages = []
     for i, n in enumerate(self.blocks):
       width = self.width * 2**i
+      # Identity shortcuts add the branches up: with each one normalized to unit scale (and
+      # the ReLU after each sum adding a positive mean), R-101's C4 reached RMS 24 at full
+      # size, the FPN levels 22-25 and the mask logits 64, and the first SGD step at lr 0.02
+      # diverged. Branches of scale 1/sqrt(n) keep each stage's output near unit scale, as
+      # the small last batch-norm weights of trained networks do.
+      gain = 1.0 / math.sqrt(n)
       for j in range(n):
         stride = 2 if (i > 0 and j == 0) else 1
-        x = Bottleneck(width, 4 * width, stride, self.dtype, name=f'res{i + 2}_{j}')(x)
+        x = Bottleneck(
+          width, 4 * width, stride, self.dtype, residual_gain=gain, name=f'res{i + 2}_{j}'
+        )(x)
       if i == 0:
         # The stem and res2 are frozen and nothing below them trains: cutting the gradient
         # here skips their backward pass, as requires_grad=False does in the reference.
