@@ -217,6 +217,7 @@ def test_step_compiles_once_finite_and_freezes_stem():
   assert not np.array_equal(before['res3_0']['conv2']['kernel'], after['res3_0']['conv2']['kernel'])
 
 
+@pytest.mark.slow
 def test_deep_stage_keeps_unit_scale():
   # Identity shortcuts add up the residual branches: with each branch's frozen batch norm set to
   # unit scale, R-101's 23-block res4 left C4 at RMS 24 and the FPN levels at 22-25 at full size,
