@@ -29,7 +29,8 @@ def workload(r: dict) -> str:
 
 def memory(r: dict) -> str:
   if r.get('emulation'):
-    return f"{r['emulation']['display']} (emulated)"
+    how = 'predicted' if r.get('mode') == 'predict' else 'emulated'
+    return f"{r['emulation']['display']} ({how})"
   limit = (r.get('memory') or {}).get('limit_bytes')
   return 'full' if limit is None else f'{limit / 1e9:g} GB'
 
