@@ -29,6 +29,13 @@ PREDICT = flags.DEFINE_bool(
   'Predict the max batch of each --gpus/--gpu card from the compile-time '
   'memory model: compile only, run no step, time nothing.',
 )
+COMPILE_FOR = flags.DEFINE_string(
+  'compile_for',
+  None,
+  'With --predict: compile for this GPU (h200) on a host without one, through JAX\'s CUDA '
+  'plugin, and predict from its compiler\'s memory plan (no autotuning; see '
+  'jaxbench/deviceless.py). The host may have no GPU at all.',
+)
 STORE = flags.DEFINE_string(
   'store',
   None,

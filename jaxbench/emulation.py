@@ -8,7 +8,7 @@ import dataclasses
 import os
 from typing import Any
 
-from jaxbench import catalog
+from jaxbench import catalog, deviceless
 
 SINGLE, PREDICT, SWEEP = 'single', 'predict', 'sweep'
 
@@ -19,6 +19,7 @@ class Request:
 
   kind: str  # SINGLE (one run, maybe emulated), PREDICT (compile only) or SWEEP (subprocesses)
   gpus: tuple[catalog.Gpu, ...] = ()  # empty: a plain run on the device as it is
+  target: str | None = None  # PREDICT only: compile for this GPU without one (--compile_for)
 
   @property
   def limit_gb(self) -> float | None:
@@ -49,6 +50,11 @@ def request(f) -> Request:
     gpus = [catalog.raw(f.memory_gb)]
   elif f.gpus:
     gpus = catalog.resolve(f.gpus)
+  target = getattr(f, 'compile_for', None)
+  if target is not None:
+    deviceless.check(target)
+    if not f.predict or f.store is not None:
+      raise ValueError('--compile_for only predicts: give --predict (and no --store)')
   if f.store is not None:
     if not gpus or f.memory_gb is not None:
       raise ValueError('a sweep (--store) needs catalog GPUs: --gpus=lambda2020 or a list')
@@ -74,7 +80,7 @@ def request(f) -> Request:
       raise ValueError('--predict needs the cards to predict for: --gpus, --gpu or --memory_gb')
     if f.batch_size is not None:
       raise ValueError('--predict searches the max batch: it takes no --batch_size')
-    return Request(PREDICT, tuple(gpus))
+    return Request(PREDICT, tuple(gpus), target)
   if f.gpus:
     raise ValueError('--gpus runs many cards: give --store=FILE for a sweep, or --predict')
   return Request(SINGLE, tuple(gpus))
@@ -95,7 +101,12 @@ def annotate(
   emu = gpu.emulation()
   cap = f'{gpu.cap_bytes / 1e9:.3f} GB'
   where = (result.get('memory') or {}).get('enforced_by')
-  if mode == 'predict':
+  if mode == 'predict' and (result.get('device') or {}).get('deviceless'):
+    emu['how'] = (
+      f"predicted: compile-time peak <= {cap} (card memory - overhead), compiled for "
+      f"{result['device']['kind']} on a host without it (no autotuning), nothing run"
+    )
+  elif mode == 'predict':
     emu['how'] = f'predicted: compile-time peak <= {cap} (card memory - overhead), nothing run'
   elif where == 'allocator':
     emu['how'] = f'emulated: XLA allocator capped at {cap} (card memory - overhead)'

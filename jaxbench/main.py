@@ -36,7 +36,10 @@ def main(argv: list[str]) -> int:
     from jaxbench import sweep  # pylint: disable=g-import-not-at-top
 
     return sweep.main(FLAGS, list(req.gpus), _fail)
-  from jaxbench import backend  # pylint: disable=g-import-not-at-top
+  from jaxbench import backend, deviceless  # pylint: disable=g-import-not-at-top
+
+  if req.target is not None:
+    deviceless.prepare()  # the host compiles on its CPU; the GPU is only described
 
   # XLA reads its memory and compiler options once, when the backend starts,
   # and importing a model may start it: configure first, import the rest after.
@@ -66,7 +69,14 @@ def main(argv: list[str]) -> int:
     for w in plan.workloads:
       print(describe.describe(w, plan.options.tiny, dict(plan.options.overrides)))
     return 0
-  return runner.run(plan, bench.resolve_tiny(plan.options, run_flags.TINY.value), req, memory)
+  target, tiny = None, run_flags.TINY.value
+  if req.target is not None:
+    try:
+      target = deviceless.device(req.target)
+    except deviceless.DevicelessError as e:
+      _fail(str(e))
+    tiny = bool(tiny)  # the described GPU gets full size unless --tiny says otherwise
+  return runner.run(plan, bench.resolve_tiny(plan.options, tiny), req, memory, target)
 
 
 if __name__ == '__main__':

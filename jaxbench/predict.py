@@ -12,7 +12,7 @@ import dataclasses
 import time
 from typing import Any, Callable, Iterator
 
-from jaxbench import bench, catalog, emulation, hints, precision, search, store
+from jaxbench import bench, catalog, deviceless, emulation, hints, precision, search, store
 from jaxbench import program as prog
 from jaxbench import workload as wl
 
@@ -50,14 +50,19 @@ def predict(
   gpus: list[catalog.Gpu],
   remat: bool = False,
   log: Callable[[str], None] = print,
+  target: Any = None,
 ) -> Iterator[dict[str, Any]]:
-  """One result per card, smallest card first, as each is found: the max batch under its cap."""
+  """One result per card, smallest card first, as each is found: the max batch under its cap.
+
+  `target`: compile for this described GPU instead of the local device (jaxbench.deviceless).
+  """
   policy = precision.get(opts.precision or w.default_precision)
   cfg = w.resolve(tiny=opts.tiny, overrides=dict(opts.overrides))
-  program = prog.Program(w, cfg, policy, seed=opts.seed)
+  program = prog.Program(w, cfg, policy, seed=opts.seed, target=target)
   memo = PeakMemo(program)
+  dev = bench.device_info() if target is None else deviceless.device_info(target)
   header = {
-    **bench.identity(w, cfg, policy, opts.tiny, bench.device_info()),
+    **bench.identity(w, cfg, policy, opts.tiny, dev),
     'params': program.param_counts(),
   }
   peaks, matched = hints.load(opts.search_hints, header)
@@ -78,7 +83,8 @@ def predict(
       'memory': {
         'limit_bytes': gpu.cap_bytes,
         'budget_bytes': gpu.cap_bytes,
-        'enforced_by': 'compile-time prediction',
+        'enforced_by': 'compile-time prediction'
+        + (f' for {dev["kind"]}, compiled without it' if target is not None else ''),
         'remat': remat,
       },
       'search': {

@@ -53,9 +53,16 @@ class Program:
   """Compiles and runs one workload's step at any batch size (one config, one policy)."""
 
   def __init__(
-    self, workload: wl.Workload, cfg: wl.Config, policy: precision.Policy, seed: int = 0
+    self,
+    workload: wl.Workload,
+    cfg: wl.Config,
+    policy: precision.Policy,
+    seed: int = 0,
+    target: Any = None,
   ):
+    """`target`: a device to compile for without running (jaxbench.deviceless), or None."""
     self.workload, self.cfg, self.policy = workload, cfg, policy
+    self.target = target
     self.trainer = workload.trainer(cfg, policy)
     self.rng = jax.random.key(seed)
     self.state_shapes = jax.eval_shape(self.trainer.init, self.rng)
@@ -100,8 +107,13 @@ class Program:
     )
 
   def _compile(self, batch_shapes):
+    args = (self.state_shapes, batch_shapes, self.rng)
+    if self.target is not None:  # everything abstract, placed on the described device
+      from jaxbench import deviceless  # pylint: disable=g-import-not-at-top
+
+      args = deviceless.abstract((*args[:2], jax.eval_shape(lambda: self.rng)), self.target)
     with jax.default_matmul_precision(self.policy.matmul_precision):  # thread-local: set here
-      return self._step.lower(self.state_shapes, batch_shapes, self.rng).compile()
+      return self._step.lower(*args).compile()
 
   def initial_state(self):
     """A fresh initial training state on the device (the step donates it)."""

@@ -5,24 +5,33 @@ from typing import Any
 from jaxbench import backend, bench, cli, emulation, predict, report
 
 
-def _what(predicting: bool, options: bench.Options) -> str:
+def _what(predicting: bool, options: bench.Options, target: Any = None) -> str:
   if predicting:
-    return 'compile-only prediction'
+    return 'compile-only prediction' + (f' for {target.device_kind}' if target else '')
   return 'max-batch search' if options.batch_size is None else 'fixed batch'
 
 
-def run(plan: cli.Plan, options: bench.Options, req: Any, memory: backend.MemorySetup) -> int:
-  """Returns the exit status: 0 when every result is ok or out of memory, else 1."""
+def run(
+  plan: cli.Plan,
+  options: bench.Options,
+  req: Any,
+  memory: backend.MemorySetup,
+  target: Any = None,
+) -> int:
+  """Returns the exit status: 0 when every result is ok or out of memory, else 1.
+
+  `target`: with --predict, the described GPU to compile for (jaxbench.deviceless).
+  """
   predicting = req.kind == emulation.PREDICT
   gpu = req.gpus[0] if req.gpus and not predicting else None
   results, log = [], lambda line: print(line, flush=True)
   for w in plan.workloads:
     print(
-      f'{w.name}: {_what(predicting, options)}{" (tiny preset)" if options.tiny else ""}',
+      f'{w.name}: {_what(predicting, options, target)}{" (tiny preset)" if options.tiny else ""}',
       flush=True,
     )
     if predicting:
-      produced = predict.predict(w, options, list(req.gpus), plan.remat, log)
+      produced = predict.predict(w, options, list(req.gpus), plan.remat, log, target)
     else:
       try:
         produced = [emulation.annotate(bench.run(w, options, memory, log), gpu, options.overrides)]

@@ -1,0 +1,110 @@
+"""--compile_for: flag handling everywhere; the deviceless compile itself where JAX's CUDA
+plugin is installed (the README's test command installs none, so CI checks the refusal)."""
+
+import os
+import subprocess
+import sys
+import types
+
+import jax
+import pytest
+
+from jaxbench import deviceless, emulation, precision, registry
+from jaxbench import program as prog
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _flags(**kw):
+  base = dict(
+    gpu=None,
+    memory_gb=None,
+    memory_limit_gb=None,
+    gpus=['lambda2020'],
+    store=None,
+    predict=True,
+    precisions=[],
+    output=None,
+    precision=None,
+    batch_size=None,
+    describe=False,
+    compile_for='h200',
+  )
+  return types.SimpleNamespace(**{**base, **kw})
+
+
+def _cuda_target():
+  """The H200 as a compile target, or None where JAX has no CUDA plugin."""
+  try:
+    return deviceless.device('h200')
+  except deviceless.DevicelessError:
+    return None
+
+
+def test_a_prediction_may_name_its_target():
+  req = emulation.request(_flags())
+  assert req.kind == emulation.PREDICT and req.target == 'h200' and len(req.gpus) == 8
+
+
+@pytest.mark.parametrize(
+  'kw, says',
+  [
+    (dict(compile_for='b9000'), "unknown target 'b9000'; known: h200"),
+    (dict(predict=False, gpus=[], gpu='t4'), '--compile_for only predicts'),
+    (dict(store='x.jsonl'), '--compile_for only predicts'),
+  ],
+)
+def test_compile_for_refuses_what_it_cannot_do(kw, says):
+  with pytest.raises(ValueError, match=says):
+    emulation.request(_flags(**kw))
+
+
+def test_every_target_describes_a_gpu():
+  for name, file in deviceless.TARGETS.items():
+    with open(os.path.join(ROOT, 'jaxbench', 'data', 'targets', file)) as f:
+      text = f.read()
+    assert 'core_count:' in text and 'device_memory_size:' in text, name
+    assert 'cuda_compute_capability' in text and 'device_description_str:' in text, name
+
+
+def test_without_the_cuda_plugin_the_command_says_so_in_one_line(tmp_path):
+  if _cuda_target() is not None:
+    pytest.skip("JAX's CUDA plugin is installed here: the refusal cannot happen")
+  out = tmp_path / 'r.jsonl'
+  r = subprocess.run(
+    [
+      sys.executable,
+      '-m',
+      'jaxbench.main',
+      '--model=bert_base',
+      '--predict',
+      '--gpu=t4',
+      '--compile_for=h200',
+      f'--output={out}',
+    ],
+    cwd=ROOT,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+  assert r.returncode == 2, r.stderr
+  lines = [line for line in r.stderr.splitlines() if line.startswith('jaxbench: error:')]
+  assert len(lines) == 1 and "needs JAX's CUDA plugin" in lines[0], r.stderr
+  assert 'Traceback' not in r.stderr and not out.exists()
+
+
+def test_a_step_compiles_for_the_h200_without_one():
+  target = _cuda_target()
+  if target is None:
+    pytest.skip("JAX's CUDA plugin is not installed (pip install -e '.[cuda]')")
+  assert target.device_kind == 'NVIDIA H200'
+  assert jax.devices()[0].platform == 'cpu'  # nothing runs on the described GPU
+  w = registry.get('bert_base')
+  cfg = w.resolve(tiny=True, overrides={})
+  on_gpu = prog.Program(w, cfg, precision.get('fp32'), target=target)
+  one, four = on_gpu.compile(1), on_gpu.compile(4)
+  assert 0 < one.peak_bytes < four.peak_bytes
+  gpu_code = one.executable.as_text()  # matmuls as cuBLAS calls or Triton kernels: GPU code
+  assert '__cublas$' in gpu_code or '__triton' in gpu_code
+  info = deviceless.device_info(target)
+  assert info['deviceless'] and info['kind'] == 'NVIDIA H200' and info['platform'] == 'gpu'
