@@ -14,7 +14,9 @@ EMULATION_NOTE = (
   'Emulated rows ran on the host GPU named in the results with XLA\'s allocator capped at the '
   'card\'s memory less {overhead} MiB (driver reservation and CUDA context, see docs/sweep.md): '
   'their max batch is the emulated card\'s, their throughput is the host GPU\'s at that batch. '
-  'Predicted rows come from the compile-time memory model and ran nothing.'
+  'Predicted rows come from the compile-time memory model and ran nothing; "deviceless" ones '
+  'were compiled for the GPU on a host without it (--compile_for; no autotuning, see '
+  'docs/sweep.md).'
 )
 BATCH_NOTE = (
   'Max batch in each workload\'s unit (images, sequences, or tokens = '

@@ -59,6 +59,8 @@ class Cell:
 
 def source_label(record: dict[str, Any]) -> str:
   kind = 'predicted' if record.get('mode') == 'predict' else 'emulated'
+  if (record.get('device') or {}).get('deviceless'):
+    kind += ' (deviceless)'  # compiled for the GPU on a host without it: no autotuning
   extra = ''.join(
     [
       ' tiny' if record.get('tiny') else '',

@@ -108,3 +108,12 @@ def test_a_step_compiles_for_the_h200_without_one():
   assert '__cublas$' in gpu_code or '__triton' in gpu_code
   info = deviceless.device_info(target)
   assert info['deviceless'] and info['kind'] == 'NVIDIA H200' and info['platform'] == 'gpu'
+
+
+def test_the_report_tells_deviceless_predictions_apart():
+  from jaxbench import tables  # pylint: disable=g-import-not-at-top
+
+  on_gpu = {'mode': 'predict', 'precision': 'fp32', 'device': {'kind': 'NVIDIA H200'}}
+  off_gpu = {**on_gpu, 'device': {'kind': 'NVIDIA H200', 'deviceless': True}}
+  assert tables.source_label(on_gpu) == 'predicted fp32'
+  assert tables.source_label(off_gpu) == 'predicted (deviceless) fp32'
