@@ -7,8 +7,9 @@ the GPU (jaxbench/data/targets/NAME.txtpb) and plans the program's memory as it 
 time spent. One thing differs from a compile on the GPU: nothing is autotuned, so each matmul
 and convolution keeps XLA's default algorithm, and the workspace it plans for it can differ
 from the one the GPU's autotuner picks. Measured against the H200's own forecasts
-(docs/results/2026-11-30-h200-session5.md): BERT-base identical at most batches and at most
-29 MB (0.6%) below at small ones; yolov3 and deeplabv3 0.06-0.11% below near 142 GB.
+(docs/results/2026-11-30-h200-session5.md): BERT-base identical or within 3 KB at most batches,
+up to 29 MB below at others (2% at one sequence); yolov3 and deeplabv3 up to 152 MB off
+(0.06-0.11% near 142 GB).
 
 This module starts no JAX until `device` is called, so that flags can be checked first.
 """
