@@ -123,12 +123,19 @@ def failure(cell: Cell, error: str, seconds: float, log_tail: str) -> dict[str, 
   }
 
 
-def _die_with_parent() -> None:
-  """In the child, before exec: be killed when the sweep dies, so no cell outlives it."""
+def _die_with_parent(parent: int) -> None:
+  """In the child, before exec: be killed when the sweep dies, so no cell outlives it.
+
+  A sweep killed between the fork and this call leaves no one to signal the child: the child
+  finds itself re-parented already and ends at once (the test of a sweep killed mid-way hit
+  this window on a loaded 2-core machine: a cell outlived the sweep and wrote its result).
+  """
   try:
     ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
   except (OSError, AttributeError):
     pass
+  if os.getppid() != parent:
+    os._exit(1)  # pylint: disable=protected-access
 
 
 def _hms(seconds: float) -> str:
@@ -206,7 +213,7 @@ def run(
         stderr=subprocess.STDOUT,
         env=env,
         start_new_session=True,
-        preexec_fn=_die_with_parent,
+        preexec_fn=functools.partial(_die_with_parent, os.getpid()),
       )
       try:
         rc, error = proc.wait(timeout=timeout_s * len(group)), None
