@@ -4,33 +4,22 @@ plugin is installed (the README's test command installs none, so CI checks the r
 import os
 import subprocess
 import sys
-import types
 
 import jax
 import pytest
 
 from jaxbench import deviceless, emulation, precision, registry
 from jaxbench import program as prog
+from tests import test_catalog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _flags(**kw):
-  base = dict(
-    gpu=None,
-    memory_gb=None,
-    memory_limit_gb=None,
-    gpus=['lambda2020'],
-    store=None,
-    predict=True,
-    precisions=[],
-    output=None,
-    precision=None,
-    batch_size=None,
-    describe=False,
-    compile_for='h200',
+  """test_catalog's flags, asking for a deviceless prediction of the eight 2020 cards."""
+  return test_catalog._flags(
+    **{'gpus': ['lambda2020'], 'predict': True, 'compile_for': 'h200', **kw}
   )
-  return types.SimpleNamespace(**{**base, **kw})
 
 
 def _cuda_target():
