@@ -40,7 +40,8 @@ STORE = flags.DEFINE_string(
   'store',
   None,
   'Sweep: run each cell in a fresh process and append its result to this JSON '
-  'Lines file; a rerun skips the cells already there.',
+  'Lines file; a rerun skips the cells already there. The report command '
+  '(jaxbench.report_main) reads it, or several result files given comma-separated.',
 )
 CELL_TIMEOUT_S = flags.DEFINE_integer(
   'cell_timeout_s',

@@ -70,8 +70,15 @@ def build_tables(data: tables.Data, reference: str) -> dict[str, tables.Table]:
   return out
 
 
+ON_DEVICE, DEVICELESS = 'on the GPU', 'deviceless'
+
+
 def prediction_table(records: list[dict[str, Any]]) -> tables.Table:
-  """Predicted vs emulated max batch, cell by cell, and the error measured."""
+  """Predicted vs emulated max batch, cell by cell, and the error measured.
+
+  A cell may have two predictions: compiled on the GPU itself (`--predict`) and compiled for it
+  on a host without one (`--compile_for`, no autotuning); each gets its row and its error.
+  """
   runs, preds = {}, {}
   for r in records:
     k = (
@@ -81,10 +88,16 @@ def prediction_table(records: list[dict[str, Any]]) -> tables.Table:
       bool(r.get('tiny')),
       tuple(map(tuple, r.get('overrides') or [])),
     )
-    (preds if r.get('mode') == 'predict' else runs)[k] = r
-  rows, errors, bounds = [], [], 0
-  for k in sorted(set(runs) & set(preds)):
-    p, m = preds[k], runs[k]
+    if r.get('mode') == 'predict':
+      how = DEVICELESS if (r.get('device') or {}).get('deviceless') else ON_DEVICE
+      preds[k + (how,)] = r
+    else:
+      runs[k] = r
+  rows, bounds = [], 0
+  errors: dict[str, list[float]] = {ON_DEVICE: [], DEVICELESS: []}
+  for pk in sorted(pk for pk in preds if pk[:-1] in runs):
+    k, how = pk[:-1], pk[-1]
+    p, m = preds[pk], runs[k]
     if p['status'] not in ('ok', 'oom') or m['status'] not in ('ok', 'oom', 'invalid'):
       continue
     if store.lower_bound(p) or store.lower_bound(m):
@@ -92,31 +105,39 @@ def prediction_table(records: list[dict[str, Any]]) -> tables.Table:
       continue
     err = (p['max_examples'] - m['max_examples']) / m['max_examples'] if m['max_examples'] else None
     if err is not None:
-      errors.append(err)
+      errors[how].append(err)
     rows.append(
       [
         k[0],
         k[1] + (' tiny' if k[3] else ''),
         tables.display(k[2]),
+        how,
         str(p['max_batch']),
         str(m['max_batch']),
         '' if err is None else f'{100 * err:+.1f}%',
       ]
     )
-  mae = 100 * sum(map(abs, errors)) / max(len(errors), 1)
-  note = (
-    f'{len(errors)} cells: mean absolute error {mae:.1f}%'
-    f', {sum(e == 0 for e in errors)} exact, {sum(e > 0 for e in errors)} over-predicted'
-    if errors
-    else 'No cell has both a prediction and an emulated run yet.'
-  )
+  notes = []
+  for how, errs in errors.items():
+    if errs:
+      mae = 100 * sum(map(abs, errs)) / len(errs)
+      notes.append(
+        f'Predicted {how}: {len(errs)} cells, mean absolute error {mae:.1f}%'
+        f', {sum(e == 0 for e in errs)} exact, {sum(e > 0 for e in errs)} over-predicted'
+      )
+  note = '; '.join(notes) if notes else 'No cell has both a prediction and an emulated run yet.'
   if bounds:
     note += f' ({bounds} left out: a search stopped at --max_examples, a lower bound only)'
   return tables.Table(
     'Predicted vs emulated max batch',
-    ['workload', 'precision', 'GPU', 'predicted', 'emulated', 'error'],
+    ['workload', 'precision', 'GPU', 'predicted', 'predicted max', 'emulated max', 'error'],
     rows,
-    [note, 'Error = (predicted - emulated) / emulated, in examples.'],
+    [
+      note,
+      'Error = (predicted - emulated) / emulated, in examples. "on the GPU": --predict, '
+      'compiled on the device itself; "deviceless": --compile_for, compiled for the device on a '
+      'host without one (no autotuning).',
+    ],
   )
 
 

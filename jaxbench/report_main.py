@@ -1,6 +1,10 @@
 """The report command: a sweep's store as the 2020 tables, beside the published figures.
 
 python -m jaxbench.report_main --store=sweep.jsonl --out=docs/results/sweep
+
+--store may name several result files, comma-separated (a sweep's store, the --output of single
+emulated runs, a file of --compile_for predictions): they are read in order, so where two give
+the same cell the later file's result wins.
 """
 
 import os
@@ -20,13 +24,18 @@ def _fail(message: str) -> None:
   sys.exit(2)
 
 
-def write(store_path: str, out_dir: str, reference: str) -> list[str]:
-  """Render the store into out_dir: report.md, one CSV per table, PNG charts; the paths."""
+def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[str]:
+  """Render the store(s) into out_dir: report.md, one CSV per table, PNG charts; the paths."""
   from jaxbench import published, render, store, tables  # pylint: disable=g-import-not-at-top
 
-  records, warning = store.read(store_path)
-  if warning:
-    print(warning, file=sys.stderr)
+  if isinstance(store_paths, str):
+    store_paths = [store_paths]
+  records = []
+  for path in store_paths:
+    more, warning = store.read(path)
+    if warning:
+      print(warning, file=sys.stderr)
+    records += more
   data = tables.collect(records)
   built = render.build_tables(data, reference)
   os.makedirs(out_dir, exist_ok=True)
@@ -37,7 +46,7 @@ def write(store_path: str, out_dir: str, reference: str) -> list[str]:
       f.write(built[name].csv())
   pngs = render.charts(data, reference, out_dir)
   md = [
-    f'# jaxbench sweep: {os.path.basename(store_path)}',
+    f'# jaxbench sweep: {", ".join(os.path.basename(p) for p in store_paths)}',
     '',
     f'{len(data.records)} results; published figures: {published.SOURCE}.',
     '',
@@ -57,18 +66,20 @@ def main(argv: list[str]) -> int:
     _fail(str(e).splitlines()[0])
   from jaxbench import catalog  # pylint: disable=g-import-not-at-top
 
-  store_path, out_dir = sweep_flags.STORE.value, report_flags.OUT.value
+  store_paths = [p for p in (sweep_flags.STORE.value or '').split(',') if p]
+  out_dir = report_flags.OUT.value
   if extra:
     _fail(f'unexpected arguments: {" ".join(extra)}')
-  if not store_path or not out_dir:
-    _fail('give --store=FILE (a sweep\'s JSON Lines) and --out=DIR')
-  if not os.path.isfile(store_path):
-    _fail(f'--store: no file {store_path}')
+  if not store_paths or not out_dir:
+    _fail('give --store=FILE[,FILE...] (a sweep\'s JSON Lines) and --out=DIR')
+  for path in store_paths:
+    if not os.path.isfile(path):
+      _fail(f'--store: no file {path}')
   try:
     catalog.get(report_flags.REFERENCE_GPU.value)
   except catalog.CatalogError as e:
     _fail(f'--reference_gpu: {e}')
-  for path in write(store_path, out_dir, report_flags.REFERENCE_GPU.value):
+  for path in write(store_paths, out_dir, report_flags.REFERENCE_GPU.value):
     print(path)
   return 0
 

@@ -35,8 +35,11 @@ def key(
 def key_of(record: dict[str, Any]) -> Key:
   """The cell a stored result belongs to."""
   emu = record.get('emulation') or {}
+  mode = record.get('mode', 'run')
+  if (record.get('device') or {}).get('deviceless'):
+    mode += ' deviceless'  # compiled for the GPU on a host without one: a prediction of its own
   return key(
-    record.get('mode', 'run'),
+    mode,
     record['workload'],
     emu.get('gpu'),
     record['precision'],

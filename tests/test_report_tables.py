@@ -87,10 +87,38 @@ def test_throughput_ratio_and_normalization():
 def test_prediction_error_is_measured_per_cell():
   t = render.prediction_table(tables.collect(FIXTURE).records)
   assert [r[2:] for r in t.rows] == [
-    ['Quadro RTX 8000', '150', '150', '+0.0%'],
-    ['RTX 2060', '10', '8', '+25.0%'],
+    ['Quadro RTX 8000', 'on the GPU', '150', '150', '+0.0%'],
+    ['RTX 2060', 'on the GPU', '10', '8', '+25.0%'],
   ]
-  assert t.notes[0] == '2 cells: mean absolute error 12.5%, 1 exact, 1 over-predicted'
+  assert (
+    t.notes[0]
+    == 'Predicted on the GPU: 2 cells, mean absolute error 12.5%, 1 exact, 1 over-predicted'
+  )
+
+
+def _deviceless(workload, gpu, max_batch):
+  r = _result(workload, gpu, max_batch, mode='predict')
+  r['device'] = {'kind': 'NVIDIA H200', 'deviceless': True}
+  return r
+
+
+def test_a_deviceless_prediction_is_a_cell_of_its_own_with_its_own_error():
+  records = FIXTURE + [_deviceless('bert_base', 'rtx_2060', 9)]
+  data = tables.collect(records)
+  t = render.build_tables(data, 'quadro_rtx_8000')['max_batch']
+  rows = _rows(t, 'bert_base')
+  assert rows['predicted fp32'][0] == '10'  # the on-device prediction is still shown
+  assert rows['predicted (deviceless) fp32'][0] == '9'
+  p = render.prediction_table(data.records)
+  assert [r[2:] for r in p.rows] == [
+    ['Quadro RTX 8000', 'on the GPU', '150', '150', '+0.0%'],
+    ['RTX 2060', 'deviceless', '9', '8', '+12.5%'],
+    ['RTX 2060', 'on the GPU', '10', '8', '+25.0%'],
+  ]
+  assert p.notes[0] == (
+    'Predicted on the GPU: 2 cells, mean absolute error 12.5%, 1 exact, 1 over-predicted; '
+    'Predicted deviceless: 1 cells, mean absolute error 12.5%, 0 exact, 1 over-predicted'
+  )
 
 
 def test_a_max_stopped_by_max_examples_shows_as_a_lower_bound_and_measures_no_error():
@@ -145,3 +173,19 @@ def test_report_command_writes_markdown_csv_and_pngs_that_open(tmp_path):
   md = open(os.path.join(out, 'report.md')).read()
   assert '### Largest batch before OOM' in md and '![max_batch.png](max_batch.png)' in md
   assert 'mean absolute error 12.5%' in md
+
+
+def test_report_reads_several_files_in_order(tmp_path):
+  first, second = str(tmp_path / 'a.jsonl'), str(tmp_path / 'b.jsonl')
+  for r in FIXTURE:
+    report.append_jsonl(first, r)
+  report.append_jsonl(second, _result('bert_base', 'rtx_2060', 9, 70.0))  # a rerun: it wins
+  report.append_jsonl(second, _deviceless('bert_base', 'rtx_2060', 9))
+  out = str(tmp_path / 'out')
+  report_main.write([first, second], out, 'quadro_rtx_8000')
+  with open(os.path.join(out, 'prediction.csv')) as f:
+    rows = list(csv.reader(f))
+  assert ['bert_base', 'fp32', 'RTX 2060', 'deviceless', '9', '9', '+0.0%'] in rows
+  assert ['bert_base', 'fp32', 'RTX 2060', 'on the GPU', '10', '9', '+11.1%'] in rows
+  md = open(os.path.join(out, 'report.md')).read()
+  assert md.startswith('# jaxbench sweep: a.jsonl, b.jsonl')

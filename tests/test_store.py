@@ -35,7 +35,10 @@ def test_key_identifies_the_cell():
   a = store.key_of(_result())
   assert a == ('run', 'bert_base', 't4', 'fp32', True, (('seq_len', '64'),))
   assert store.key_of(_result(gpu='l4')) != a
-  assert store.key_of({**_result(), 'mode': 'predict'}) != a
+  predicted = store.key_of({**_result(), 'mode': 'predict'})
+  assert predicted != a
+  deviceless = {**_result(), 'mode': 'predict', 'device': {'deviceless': True}}
+  assert store.key_of(deviceless) not in (a, predicted)  # compiled without the GPU: its own cell
   assert store.key_of({**_result(), 'overrides': []}) != a
   assert store.key('run', 'bert_base', 't4', 'fp32', 1, [('seq_len', 64)]) == a
 
