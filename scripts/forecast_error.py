@@ -50,12 +50,17 @@ def main(argv: list[str]) -> int:
   deviceless = _peaks(argv[1].split(','), True)
   on_device = _peaks(argv[2].split(','), False)
   rows, worst = [], {}
-  for key in sorted(set(deviceless) & set(on_device), key=lambda k: (json.loads(k[0])['workload'], k[1])):
+  for key in sorted(
+    set(deviceless) & set(on_device), key=lambda k: (json.loads(k[0])['workload'], k[1])
+  ):
     ident, n = json.loads(key[0]), key[1]
     a, b = deviceless[key], on_device[key]
     gap = (a - b) / b
     name = f"{ident['workload']} {ident['precision']}"
-    rows.append(f'| {name} | {n:,} | {b / 1e9:.3f} | {a / 1e9:.3f} | {(a - b) / 1e6:+,.0f} | {100 * gap:+.2f}% |')
+    rows.append(
+      f'| {name} | {n:,} | {b / 1e9:.3f} | {a / 1e9:.3f} '
+      f'| {(a - b) / 1e6:+,.0f} | {100 * gap:+.2f}% |'
+    )
     if name not in worst or abs(gap) > abs(worst[name][1]):
       worst[name] = (n, gap)
   print('| workload | batch | on the GPU, GB | deviceless, GB | deviceless - GPU, MB | gap |')
