@@ -154,6 +154,17 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       result['init_s'] = round(program.init_s, 3)
     log(_trial_line(w, t))
 
+  def on_phase(n: int, phase: str, compile_s: float | None) -> None:
+    # Where the run is, in the log (runner's log flushes: a log cut by a deadline's SIGKILL
+    # still shows the phase) and in an interrupted result's error.
+    batch = f'{n * w.example_size(cfg)} {w.unit}'
+    if opts.batch_size is None:
+      progress.phase = f'searching: {phase} batch {batch}'
+    else:
+      progress.phase = f'{phase} the fixed batch ({batch})'
+    what = phase if compile_s is None else f'compiled in {compile_s:.1f} s, {phase}'
+    log(f'  {w.name}: batch {batch}: {what}')
+
   program = prog.Program(w, cfg, policy, seed=opts.seed)
   result['params'] = program.param_counts()
   progress.phase = 'searching' if opts.batch_size is None else 'compiling the fixed batch'
@@ -162,7 +173,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
     n = examples_for(w, cfg, opts.batch_size)
     start = time.perf_counter()
     trial, compiled = search.probe(
-      program, n, budget, verify_predicted_oom=opts.verify_predicted_oom
+      program, n, budget, verify_predicted_oom=opts.verify_predicted_oom, on_phase=on_phase
     )
     on_trial(trial)
     found = search.Result(
@@ -188,6 +199,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       on_trial=on_trial,
       tolerance=opts.search_tolerance,
       hints=peaks,
+      on_phase=on_phase,
     )
   result['search'].update(
     trials=[dataclasses.asdict(t) for t in found.trials],
@@ -206,6 +218,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       'error': 'not even one example fits' if opts.batch_size is None else found.trials[-1].detail,
     }
   progress.phase = f'timing at {found.max_examples * w.example_size(cfg)} {w.unit}'
+  log(f'  {w.name}: {progress.phase}')
   m = timing.measure(program, found.best, opts.warmup_steps, opts.steps, opts.windows)
   flops_per_step = w.flops_per_example(cfg) * m.examples
   units_per_step = w.units_per_example(cfg) * m.examples

@@ -3,6 +3,8 @@
 python -m jaxbench.main --model=transformer_big
 """
 
+import faulthandler
+import signal
 import sys
 
 from absl import flags
@@ -17,6 +19,19 @@ FLAGS = flags.FLAGS
 def _fail(message: str) -> None:
   print(f'jaxbench: error: {message}', file=sys.stderr)
   sys.exit(2)
+
+
+def dump_stacks_on_sigusr1() -> None:
+  """`kill -USR1 PID` prints every thread's Python stack to stderr, and the run goes on.
+
+  For a run that does not react to SIGINT (scripts/gpu_queue.py sends SIGUSR1 before its
+  SIGINT and again before its SIGKILL): the stacks show where the main thread waits and what
+  the XLA worker thread (program._interruptible) is in. faulthandler writes them from its C
+  signal handler without taking the GIL, so they come even while XLA holds it. Costs nothing
+  until the signal comes. Not on platforms without SIGUSR1 (Windows).
+  """
+  if hasattr(signal, 'SIGUSR1'):
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def main(argv: list[str]) -> int:
@@ -80,6 +95,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == '__main__':
+  dump_stacks_on_sigusr1()  # first: before JAX starts and long before any deadline
   try:
     sys.exit(main(sys.argv))
   except KeyboardInterrupt:

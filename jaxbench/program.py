@@ -83,7 +83,7 @@ class Program:
     start = time.perf_counter()
     executable = _interruptible(self._compile, batch_shapes)
     compile_s = time.perf_counter() - start
-    mem = executable.memory_analysis()
+    mem = _interruptible(executable.memory_analysis)
     peak = temp = args = 0
     if mem is not None:
       temp, args = int(mem.temp_size_in_bytes), int(mem.argument_size_in_bytes)
@@ -161,6 +161,9 @@ class Program:
       raise
 
 
+_JOIN_SLICE_S = 0.5
+
+
 def _interruptible(fn, *args):
   """fn(*args) in a worker thread, so that SIGINT during a long XLA call is seen at once.
 
@@ -181,7 +184,12 @@ def _interruptible(fn, *args):
 
   thread = threading.Thread(target=work, name='xla-call', daemon=True)
   thread.start()
-  thread.join()  # interruptible: SIGINT raises KeyboardInterrupt here
+  # SIGINT raises KeyboardInterrupt here. Joined in slices, not at once: a process-wide signal
+  # that the kernel hands to another thread (it does when the main thread has one pending,
+  # e.g. the SIGUSR1 of a stack dump just before) does not wake a blocked join, but the next
+  # slice's return runs the Python handler on this thread.
+  while thread.is_alive():
+    thread.join(_JOIN_SLICE_S)
   if 'error' in box:
     raise box['error']
   return box['value']
@@ -201,7 +209,7 @@ def release() -> None:
 
 def device_memory() -> dict[str, int] | None:
   """The allocator's statistics for device 0 (None on backends without them, e.g. CPU)."""
-  stats = jax.devices()[0].memory_stats()
+  stats = _interruptible(jax.devices()[0].memory_stats)  # takes the allocator's lock
   if not stats:
     return None
   return {k: int(v) for k, v in stats.items() if isinstance(v, (int, float))}

@@ -62,23 +62,37 @@ class Result:
   capped: bool = False
 
 
+# on_phase(n, COMPILING, None) as a probe's compile starts, on_phase(n, RUNNING, compile_s) as
+# its run starts: for a log that shows where a long search is (either can take minutes on a GPU).
+COMPILING, RUNNING = 'compiling', 'running'
+PhaseCallback = Callable[[int, str, float | None], None]
+
+
+def _no_phase(n: int, phase: str, compile_s: float | None) -> None:
+  del n, phase, compile_s
+
+
 def probe(
   program: prog.Program,
   n: int,
   budget_bytes: int | None,
   run_steps: int = 2,
   verify_predicted_oom: bool = False,
+  on_phase: PhaseCallback | None = None,
 ) -> tuple[Trial, prog.Compiled | None]:
   """Compile (and unless predicted out of memory, run) the step at n examples."""
-  trial, compiled = _probe(program, n, budget_bytes, run_steps, verify_predicted_oom)
+  trial, compiled = _probe(
+    program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase or _no_phase
+  )
   stats = prog.device_memory()
   if stats:
     trial.bytes_in_use_after = stats.get('bytes_in_use')
   return trial, compiled
 
 
-def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom):
+def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase):
   batch = n * program.workload.example_size(program.cfg)
+  on_phase(n, COMPILING, None)
   try:
     compiled = program.compile(n)
   except Exception as e:  # pylint: disable=broad-except
@@ -104,6 +118,7 @@ def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom):
     return trial, None
   if run_steps == 0:
     return trial, compiled  # compile-only: fits means "predicted to fit"
+  on_phase(n, RUNNING, compiled.compile_s)
   start = time.perf_counter()
   try:
     program.run(compiled, run_steps)
@@ -113,11 +128,13 @@ def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom):
     e.__traceback__ = None
     del e
     prog.release()
+  # Not in a `finally`: after a KeyboardInterrupt the abandoned run may still hold the device,
+  # and the interrupted search must write its result without waiting on the allocator.
+  trial.run_s = round(time.perf_counter() - start, 3)
+  stats = prog.device_memory()
+  trial.process_peak_bytes = stats.get('peak_bytes_in_use') if stats else None
+  if not trial.fits:
     return trial, None
-  finally:
-    trial.run_s = round(time.perf_counter() - start, 3)
-    stats = prog.device_memory()
-    trial.process_peak_bytes = stats.get('peak_bytes_in_use') if stats else None
   if budget_bytes is not None and compiled.peak_bytes > budget_bytes:
     trial.outcome = OOM_PREDICTED  # ran anyway (verify_predicted_oom) but over the budget
     trial.detail = 'ran although predicted over budget; the budget is the limit that counts'
@@ -223,6 +240,7 @@ def find_max_batch(
   run_steps: int = 2,
   tolerance: float = 0.0,
   hints: dict[int, int] | None = None,
+  on_phase: PhaseCallback | None = None,
 ) -> Result:
   """Search the largest number of examples whose step fits; see the module docstring.
 
@@ -233,6 +251,8 @@ def find_max_batch(
   hints: n -> predicted peak from earlier compiles of the same program (hints.py). They aim the
   first probes (the first is the hinted boundary instead of one example), never decide: every
   fit and failure reported is a compile, and a run, of this search.
+
+  on_phase: told as each probe starts its compile and its run (see COMPILING).
   """
   if run_steps == 0 and budget_bytes is None:
     raise ValueError('a compile-only search needs a memory budget')
@@ -244,7 +264,7 @@ def find_max_batch(
   aimed = _line_guess([], budget_bytes, 0, None, hints) if hints else None
   n = min(max(aimed, 1), max_examples) if aimed is not None else 1
   while True:
-    trial, compiled = probe(program, n, budget_bytes, run_steps, verify_predicted_oom)
+    trial, compiled = probe(program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase)
     trials.append(trial)
     if on_trial:
       on_trial(trial)

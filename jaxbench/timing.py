@@ -43,9 +43,26 @@ def measure(
   The batch is built once on the device and reused; the transfer guard proves
   that the timed loop moves nothing between host and device. Each window ends
   with block_until_ready on the last step's output, not every step, so the
-  host keeps the device's queue full.
+  host keeps the device's queue full. The steps run in a worker thread (program._interruptible),
+  so that a SIGINT while timing is seen without waiting for the device.
   """
   per_window = max(1, steps // windows)
+  times, loss = prog._interruptible(
+    _timed_windows, program, compiled, warmup_steps, per_window, windows
+  )
+  stats = prog.device_memory()
+  return Measurement(
+    examples=compiled.n,
+    warmup_steps=warmup_steps,
+    steps_per_window=per_window,
+    window_step_s=times,
+    final_loss=loss,
+    process_peak_bytes=stats.get('peak_bytes_in_use') if stats else None,
+  )
+
+
+def _timed_windows(program, compiled, warmup_steps, per_window, windows):
+  """Each window's seconds per step, and the last loss."""
   state, batch = program.materialize(compiled.n)
   run = compiled.executable
   rng = program.rng
@@ -65,12 +82,4 @@ def measure(
     loss = float(np.asarray(metrics['loss']))
   finally:
     del state, batch
-  stats = prog.device_memory()
-  return Measurement(
-    examples=compiled.n,
-    warmup_steps=warmup_steps,
-    steps_per_window=per_window,
-    window_step_s=times,
-    final_loss=loss,
-    process_peak_bytes=stats.get('peak_bytes_in_use') if stats else None,
-  )
+  return times, loss

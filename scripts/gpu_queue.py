@@ -5,7 +5,10 @@ Each line of the job file is the arguments of one `python -m jaxbench.main` run
 runs it with CUDA_VISIBLE_DEVICES set to its GPU and its log in OUT/, and takes
 another when it ends, until the queue is empty or the deadline comes; a job
 still running at the deadline is interrupted (SIGINT, then SIGKILL): it then
-appends a result with status 'interrupted' holding its search trials so far.
+appends a result with status 'interrupted' holding its search trials so far. Before
+the SIGINT, and again before a SIGKILL, a SIGUSR1 makes the job print every thread's
+Python stack into its log (jaxbench.main's faulthandler): where a job that did not
+stop was stuck.
 Results go to OUT/results.jsonl (each run appends whole lines), and that file aims the
 searches of later jobs (--search_hints); at the end OUT/summary.md (and the output) has them as
 docs/results/ table rows (scripts/summarize.py). Where nvidia-smi exists, OUT/gpu_monitor.csv
@@ -24,16 +27,9 @@ import sys
 import threading
 import time
 
-jobs_file, out, deadline_s = sys.argv[1], sys.argv[2], float(sys.argv[3])
 MIN_START_S = 120  # a job started with less time left could not finish a search
 GRACE_S = 60  # after SIGINT at the deadline, before SIGKILL (a step or an init may be in flight)
-gpus = int(sys.argv[4]) if len(sys.argv) > 4 else 1
-start = time.monotonic()
-os.makedirs(out, exist_ok=True)
-with open(jobs_file) as f:
-  queue = [line.strip() for line in f if line.strip() and not line.lstrip().startswith('#')]
-lock = threading.Lock()
-summary = []
+DUMP_S = 2  # after a SIGUSR1, for the job's stack dump to reach its log
 
 
 def with_hints(argv: list[str], results: str) -> list[str]:
@@ -45,77 +41,113 @@ def with_hints(argv: list[str], results: str) -> list[str]:
   return [a for a in argv if a not in given] + [f'--search_hints={",".join(files)}']
 
 
-def worker(gpu: int) -> None:
-  while True:
-    with lock:
-      if not queue:
-        return
-      index = len(summary)
-      args = queue.pop(0)
-      summary.append(None)
-    left = deadline_s - (time.monotonic() - start)
-    if left < MIN_START_S:
-      summary[index] = f'{index:02d} gpu{gpu} not started (deadline): {args}'
+def stop(proc: subprocess.Popen, grace_s: float = GRACE_S, dump_s: float = DUMP_S) -> tuple:
+  """End a job at the deadline; returns its exit status and whether it had to be killed.
+
+  SIGUSR1 (its stacks into the log), SIGINT (jaxbench writes its result so far, status
+  'interrupted', and exits 130), and if it is still alive grace_s later, SIGUSR1 again (where
+  it is stuck) and SIGKILL. SIGINT is sent dump_s after the SIGUSR1, not with it: the dump
+  comes whole before the interrupt's output, and the SIGINT does not arrive while the SIGUSR1
+  is still pending on the main thread (the kernel would then hand it to another thread).
+  """
+  usr1 = getattr(signal, 'SIGUSR1', None)
+  for sig, wait_s in ((usr1, dump_s), (signal.SIGINT, grace_s), (usr1, dump_s)):
+    if sig is None:
       continue
-    log = os.path.join(out, f'job{index:02d}.log')
-    cmd = [
-      sys.executable,
-      '-m',
-      'jaxbench.main',
-      f'--output={out}/results.jsonl',
-      *with_hints(shlex.split(args), os.path.join(out, 'results.jsonl')),
-    ]
-    env = {**os.environ, 'CUDA_VISIBLE_DEVICES': str(gpu), 'PYTHONUNBUFFERED': '1'}
-    t0 = time.monotonic()
-    with open(log, 'w') as f:
-      f.write(f'# gpu{gpu}: {shlex.join(cmd)}\n')
-      f.flush()
-      proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
-      try:
-        rc = proc.wait(timeout=left)
-      except subprocess.TimeoutExpired:
-        # SIGINT makes jaxbench write its result so far (status 'interrupted'), but Python
-        # sees it only when XLA returns: a compile in progress is waited for a while.
-        proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)  # nothing once it has exited
+    try:
+      return proc.wait(timeout=wait_s), False
+    except subprocess.TimeoutExpired:
+      pass
+  proc.kill()
+  return proc.wait(), True
+
+
+def main(argv: list[str]) -> None:
+  jobs_file, out, deadline_s = argv[1], argv[2], float(argv[3])
+  gpus = int(argv[4]) if len(argv) > 4 else 1
+  start = time.monotonic()
+  os.makedirs(out, exist_ok=True)
+  with open(jobs_file) as f:
+    queue = [line.strip() for line in f if line.strip() and not line.lstrip().startswith('#')]
+  lock = threading.Lock()
+  summary = []
+
+  def worker(gpu: int) -> None:
+    while True:
+      with lock:
+        if not queue:
+          return
+        index = len(summary)
+        args = queue.pop(0)
+        summary.append(None)
+      left = deadline_s - (time.monotonic() - start)
+      if left < MIN_START_S:
+        summary[index] = f'{index:02d} gpu{gpu} not started (deadline): {args}'
+        continue
+      log = os.path.join(out, f'job{index:02d}.log')
+      cmd = [
+        sys.executable,
+        '-m',
+        'jaxbench.main',
+        f'--output={out}/results.jsonl',
+        *with_hints(shlex.split(args), os.path.join(out, 'results.jsonl')),
+      ]
+      env = {**os.environ, 'CUDA_VISIBLE_DEVICES': str(gpu), 'PYTHONUNBUFFERED': '1'}
+      t0 = time.monotonic()
+      with open(log, 'w') as f:
+        f.write(f'# gpu{gpu}: {shlex.join(cmd)}\n')
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
         try:
-          rc = proc.wait(timeout=GRACE_S)
+          rc = proc.wait(timeout=left)
         except subprocess.TimeoutExpired:
-          proc.kill()
-          rc = proc.wait()
-        rc = f'{rc} (cut at the deadline)'
-    summary[index] = f'{index:02d} gpu{gpu} rc={rc} {time.monotonic() - t0:.0f}s: {args}'
-    print(summary[index], flush=True)
+          # SIGINT makes jaxbench write its result so far (status 'interrupted'); a job that
+          # does not exit within GRACE_S is killed, its thread stacks in its log (see stop).
+          rc, killed = stop(proc)
+          if killed:
+            rc = (
+              f'{rc} (cut at the deadline; no exit {GRACE_S} s after SIGINT, killed; '
+              f'Python thread stacks at the SIGINT and before the kill in {log})'
+            )
+          else:
+            rc = f'{rc} (cut at the deadline)'
+      summary[index] = f'{index:02d} gpu{gpu} rc={rc} {time.monotonic() - t0:.0f}s: {args}'
+      print(summary[index], flush=True)
 
-
-# The GPUs' clocks, power, temperature and throttle reasons once a second, to explain a run's
-# spread (two bf16 runs beside a job on the other GPU varied 16-27% between windows).
-monitor = None
-if shutil.which('nvidia-smi'):
-  query = 'timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,'
-  query += 'clocks_throttle_reasons.active'
-  with open(os.path.join(out, 'gpu_monitor.csv'), 'w') as f:
-    monitor = subprocess.Popen(
-      ['nvidia-smi', f'--query-gpu={query}', '--format=csv', '-l', '1'], stdout=f, stderr=f
+  # The GPUs' clocks, power, temperature and throttle reasons once a second, to explain a run's
+  # spread (two bf16 runs beside a job on the other GPU varied 16-27% between windows).
+  monitor = None
+  if shutil.which('nvidia-smi'):
+    query = 'timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,utilization.gpu,'
+    query += 'clocks_throttle_reasons.active'
+    with open(os.path.join(out, 'gpu_monitor.csv'), 'w') as f:
+      monitor = subprocess.Popen(
+        ['nvidia-smi', f'--query-gpu={query}', '--format=csv', '-l', '1'], stdout=f, stderr=f
+      )
+  threads = [threading.Thread(target=worker, args=(g,)) for g in range(gpus)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  if monitor is not None:
+    monitor.terminate()
+  with open(os.path.join(out, 'summary.txt'), 'w') as f:
+    f.write('\n'.join(s for s in summary if s) + '\n')
+  print('\n'.join(s for s in summary if s and 'not started' in s))
+  results_path = os.path.join(out, 'results.jsonl')
+  if os.path.isfile(results_path):
+    # The results as the table rows and search chains of docs/results/ (scripts/summarize.py).
+    here = os.path.dirname(os.path.abspath(__file__))
+    rows = subprocess.run(
+      [sys.executable, os.path.join(here, 'summarize.py'), results_path],
+      capture_output=True,
+      text=True,
     )
-threads = [threading.Thread(target=worker, args=(g,)) for g in range(gpus)]
-for t in threads:
-  t.start()
-for t in threads:
-  t.join()
-if monitor is not None:
-  monitor.terminate()
-with open(os.path.join(out, 'summary.txt'), 'w') as f:
-  f.write('\n'.join(s for s in summary if s) + '\n')
-print('\n'.join(s for s in summary if s and 'not started' in s))
-results_path = os.path.join(out, 'results.jsonl')
-if os.path.isfile(results_path):
-  # The results as the table rows and search chains of docs/results/ (scripts/summarize.py).
-  here = os.path.dirname(os.path.abspath(__file__))
-  rows = subprocess.run(
-    [sys.executable, os.path.join(here, 'summarize.py'), results_path],
-    capture_output=True,
-    text=True,
-  )
-  with open(os.path.join(out, 'summary.md'), 'w') as f:
-    f.write(rows.stdout + rows.stderr)
-  print(rows.stdout + rows.stderr)
+    with open(os.path.join(out, 'summary.md'), 'w') as f:
+      f.write(rows.stdout + rows.stderr)
+    print(rows.stdout + rows.stderr)
+
+
+if __name__ == '__main__':
+  main(sys.argv)

@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 
@@ -82,6 +84,46 @@ def test_describe_gives_exact_parameter_counts():
   assert described['transformer_big']['params'] == 209_911_808
   assert described['transformer_big']['unit'] == 'tokens'
   assert described['bert_base']['config']['seq_len'] == 128
+
+
+def test_sigusr1_dumps_every_threads_stack_and_the_run_goes_on(tmp_path):
+  """What scripts/gpu_queue.py sends before its SIGINT and its SIGKILL: stacks, not an exit.
+
+  The log also says which probe is compiling or running, as each starts."""
+  out = tmp_path / 'r.jsonl'
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      '-m',
+      'jaxbench.main',
+      '--model=bert_base',
+      '--tiny',
+      '--batch_size=2',
+      '--steps=1',
+      '--windows=1',
+      '--warmup_steps=0',
+      f'--output={out}',
+    ],
+    cwd=ROOT,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    first = proc.stdout.readline()  # the run's header: the handler is long registered
+    assert first.startswith('bert_base: fixed batch'), first
+    proc.send_signal(signal.SIGUSR1)
+    rest, err = proc.communicate(timeout=120)
+  finally:
+    proc.kill()
+  assert proc.returncode == 0, err
+  # faulthandler's format: each thread's head, the one that took the signal as 'Current thread'.
+  assert re.search(r'(Current thread|Thread) 0x[0-9a-f]+ \(most recent call first\):', err), err
+  assert '  bert_base: batch 2 sequences: compiling\n' in rest, rest
+  assert re.search(r'  bert_base: batch 2 sequences: compiled in \d+\.\d s, running\n', rest)
+  assert '  bert_base: timing at 2 sequences\n' in rest
+  assert json.loads(out.read_text())['status'] == 'ok'
 
 
 @pytest.mark.slow

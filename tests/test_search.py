@@ -289,6 +289,67 @@ def test_sigint_reaches_a_run_stuck_inside_a_long_xla_call():
     prog._interruptible(lambda: 1 / 0)
 
 
+def test_sigint_handed_by_the_kernel_to_another_thread_still_interrupts():
+  """A process-wide signal may land on any thread (on Linux: when the main thread already has
+  one pending, e.g. a queue's SIGUSR1 just before its SIGINT); the waiting main thread still
+  sees it within a join slice."""
+  release = threading.Event()
+  before = set(threading.enumerate())
+  previous = signal.signal(signal.SIGUSR2, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+
+  def send_to_the_worker():
+    time.sleep(0.2)
+    (worker,) = [t for t in threading.enumerate() if t.name == 'xla-call' and t not in before]
+    signal.pthread_kill(worker.ident, signal.SIGUSR2)
+
+  sender = threading.Thread(target=send_to_the_worker)
+  try:
+    start = time.monotonic()
+    sender.start()
+    with pytest.raises(KeyboardInterrupt):
+      prog._interruptible(release.wait, 10.0)  # returns after 10 s if the signal is missed
+    assert time.monotonic() - start < 5.0
+  finally:
+    sender.join()
+    release.set()
+    signal.signal(signal.SIGUSR2, previous)
+
+
+def test_each_probe_reports_its_compile_and_its_run_as_they_start():
+  calls = []
+  program = FakeProgram(a=100, b=10, run_fails_above=6)
+  found = search.find_max_batch(
+    program, 250, on_phase=lambda n, phase, compile_s: calls.append((n, phase, compile_s))
+  )
+  expected = []
+  for t in found.trials:
+    expected.append((t.examples, search.COMPILING, None))
+    if t.outcome != search.OOM_PREDICTED:
+      expected.append((t.examples, search.RUNNING, 0.0))
+  assert calls == expected
+  assert any(t.outcome == search.OOM_RUN for t in found.trials)  # a run that failed: reported
+
+
+def test_an_interrupted_run_says_which_probe_it_was_in(monkeypatch):
+  """The log has a line as each compile and each run starts; the result names the phase."""
+
+  def interrupted(self, compiled, steps):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(prog.Program, 'run', interrupted)
+  w = registry.get('bert_base')
+  lines = []
+  memory = bench.backend.MemorySetup(None, None, None, False)
+  with pytest.raises(bench.Interrupted) as stop:
+    bench.run(w, bench.Options(tiny=True), memory, log=lines.append)
+  assert lines[0] == '  bert_base: batch 1 sequences: compiling'
+  assert re.fullmatch(r'  bert_base: batch 1 sequences: compiled in \d+\.\d s, running', lines[1])
+  assert len(lines) == 2
+  result = stop.value.result
+  assert result['status'] == 'interrupted'
+  assert result['error'] == 'interrupted while searching: running batch 1 sequences'
+
+
 @pytest.mark.parametrize('policy, want', [('fp32', 'highest'), ('tf32', 'high')])
 def test_the_compiled_step_carries_the_policys_matmul_precision(policy, want):
   """The precision context is thread-local and the compile runs in a worker thread: set there."""

@@ -1,0 +1,58 @@
+"""scripts/gpu_queue.py at the deadline: stacks, SIGINT, and after the grace stacks and SIGKILL."""
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+_PATH = os.path.join(os.path.dirname(__file__), '..', 'scripts', 'gpu_queue.py')
+_spec = importlib.util.spec_from_file_location('gpu_queue', _PATH)
+gpu_queue = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_queue)
+
+# A job that logs each signal with the time it came; 'exits' ends at SIGINT, 'stuck' does not.
+_JOB = """
+import signal, sys, time
+def on(sig, frame):
+  print(signal.Signals(sig).name, time.monotonic(), flush=True)
+  if sig == signal.SIGINT and sys.argv[1] == 'exits':
+    sys.exit(130)
+signal.signal(signal.SIGUSR1, on)
+signal.signal(signal.SIGINT, on)
+print('ready', flush=True)
+while True:
+  time.sleep(0.01)
+"""
+
+
+def _stop(behaviour):
+  proc = subprocess.Popen(
+    [sys.executable, '-c', _JOB, behaviour], stdout=subprocess.PIPE, text=True
+  )
+  try:
+    assert proc.stdout.readline() == 'ready\n'
+    rc, killed = gpu_queue.stop(proc, grace_s=1.0, dump_s=0.3)
+    got = [line.split() for line in proc.stdout.read().splitlines()]
+  finally:
+    proc.kill()
+    proc.wait()
+  return rc, killed, [name for name, _ in got], [float(t) for _, t in got]
+
+
+@pytest.mark.skipif(not hasattr(signal, 'SIGUSR1'), reason='no SIGUSR1')
+def test_a_job_that_exits_at_sigint_gets_its_stack_dump_first():
+  rc, killed, names, times = _stop('exits')
+  assert (rc, killed) == (130, False)
+  assert names == ['SIGUSR1', 'SIGINT']
+  assert times[1] - times[0] >= 0.25  # the dump is not raced by the interrupt
+
+
+@pytest.mark.skipif(not hasattr(signal, 'SIGUSR1'), reason='no SIGUSR1')
+def test_a_stuck_job_gets_a_second_stack_dump_before_the_kill():
+  rc, killed, names, times = _stop('stuck')
+  assert (rc, killed) == (-signal.SIGKILL, True)
+  assert names == ['SIGUSR1', 'SIGINT', 'SIGUSR1']
+  assert times[2] - times[1] >= 0.9  # the grace period
