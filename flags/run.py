@@ -34,3 +34,11 @@ SET = flags.DEFINE_multi_string(
   'Override a workload config key, KEY=VALUE (repeatable), e.g. --set=src_len=40 --set=tgt_len=40.',
 )
 OUTPUT = flags.DEFINE_string('output', None, 'Append each result as one JSON line to this file.')
+PROGRESS_FILE = flags.DEFINE_string(
+  'progress_file',
+  None,
+  'Keep the result so far in this file: the whole record (status interrupted, the search '
+  'trials up to now), replaced after each trial and change of phase, removed once the run has '
+  'written its result. What a run killed before it could write had found '
+  '(scripts/gpu_queue.py appends it to the results of a job it had to kill).',
+)

@@ -5,6 +5,7 @@ import datetime
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -103,8 +104,19 @@ def identity(
   }
 
 
-def run(w: wl.Workload, opts: Options, memory: backend.MemorySetup, log=print) -> dict[str, Any]:
-  """Search the max batch (or take opts.batch_size), time it, and return the result."""
+def run(
+  w: wl.Workload,
+  opts: Options,
+  memory: backend.MemorySetup,
+  log=print,
+  checkpoint: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+  """Search the max batch (or take opts.batch_size), time it, and return the result.
+
+  `checkpoint(record)`, if given, gets the result so far (status 'interrupted', the trials up
+  to now) after each trial and at each change of phase: what a process killed before it could
+  write its result had found (runner's --progress_file).
+  """
   policy = precision.get(opts.precision or w.default_precision)
   cfg = w.resolve(tiny=opts.tiny, overrides=dict(opts.overrides))
   dev = device_info()
@@ -121,19 +133,15 @@ def run(w: wl.Workload, opts: Options, memory: backend.MemorySetup, log=print) -
     },
   }
   progress = _Progress()
+  if checkpoint is not None:
+    progress.changed = lambda: checkpoint(
+      _so_far(w, cfg, opts, result, progress, f'ended without its result, while {progress.phase}')
+    )
   try:
     return _search_and_time(w, opts, cfg, policy, budget, result, progress, log)
   except KeyboardInterrupt:
-    trials = progress.trials
-    fits = [t.examples for t in trials if t.fits]
-    largest = max(fits, default=0)
-    result.setdefault('search', {'mode': 'search' if opts.batch_size is None else 'fixed'})
-    result['search'].setdefault('trials', [dataclasses.asdict(t) for t in trials])
-    result['search'].setdefault('seconds', None)  # not measured: the search did not end
-    result.setdefault('max_examples', largest)
-    result.setdefault('max_batch', largest * w.example_size(cfg))
     raise Interrupted(
-      {**result, 'status': 'interrupted', 'error': f'interrupted while {progress.phase}'}
+      _so_far(w, cfg, opts, result, progress, f'interrupted while {progress.phase}')
     ) from None
 
 
@@ -143,6 +151,20 @@ class _Progress:
 
   phase: str = 'building the model'
   trials: list[search.Trial] = dataclasses.field(default_factory=list)
+  changed: Callable[[], None] = lambda: None  # after each trial and change of phase
+
+
+def _so_far(w, cfg, opts, result, progress, error: str) -> dict[str, Any]:
+  """The result of a run stopped now: status 'interrupted', its trials so far, the largest
+  batch that ran as its max. `result` itself is left as it is."""
+  largest = max((t.examples for t in progress.trials if t.fits), default=0)
+  found = dict(result.get('search') or {'mode': 'search' if opts.batch_size is None else 'fixed'})
+  found.setdefault('trials', [dataclasses.asdict(t) for t in progress.trials])
+  found.setdefault('seconds', None)  # not measured: the search did not end
+  record = {**result, 'search': found}
+  record.setdefault('max_examples', largest)
+  record.setdefault('max_batch', largest * w.example_size(cfg))
+  return {**record, 'status': 'interrupted', 'error': error}
 
 
 def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dict[str, Any]:
@@ -152,6 +174,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
     progress.trials.append(t)
     if program.init_s is not None:  # the first trial that ran built the initial state
       result['init_s'] = round(program.init_s, 3)
+    progress.changed()  # before the line: a log that shows a trial has it in the checkpoint
     log(_trial_line(w, t))
 
   def on_phase(n: int, phase: str, compile_s: float | None) -> None:
@@ -163,6 +186,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
     else:
       progress.phase = f'{phase} the fixed batch ({batch})'
     what = phase if compile_s is None else f'compiled in {compile_s:.1f} s, {phase}'
+    progress.changed()
     log(f'  {w.name}: batch {batch}: {what}')
 
   program = prog.Program(w, cfg, policy, seed=opts.seed)
@@ -218,6 +242,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       'error': 'not even one example fits' if opts.batch_size is None else found.trials[-1].detail,
     }
   progress.phase = f'timing at {found.max_examples * w.example_size(cfg)} {w.unit}'
+  progress.changed()
   log(f'  {w.name}: {progress.phase}')
   m = timing.measure(program, found.best, opts.warmup_steps, opts.steps, opts.windows)
   flops_per_step = w.flops_per_example(cfg) * m.examples

@@ -21,6 +21,7 @@ class Plan:
   output: str | None = None
   compilation_cache_dir: str | None = None
   triton_gemm: bool = False
+  progress_file: str | None = None
 
 
 def parse_overrides(items: list[str]) -> tuple[tuple[str, str], ...]:
@@ -93,6 +94,15 @@ def plan(f) -> Plan:
       raise UsageError(f'--output: directory {parent} does not exist')
     if os.path.isdir(f.output):
       raise UsageError(f'--output: {f.output} is a directory')
+  progress_file = getattr(f, 'progress_file', None)
+  if progress_file:
+    parent = os.path.dirname(os.path.abspath(progress_file))
+    if not os.path.isdir(parent) or os.path.isdir(progress_file):
+      raise UsageError(f'--progress_file: {progress_file} is not a file in an existing directory')
+    if f.describe:
+      raise UsageError('--describe runs nothing: it takes no --progress_file')
+    if f.output and os.path.abspath(f.output) == os.path.abspath(progress_file):
+      raise UsageError('--progress_file and --output must be different files')
   options = bench.Options(
     precision=f.precision,
     tiny=bool(f.tiny),
@@ -116,4 +126,5 @@ def plan(f) -> Plan:
     f.output,
     f.compilation_cache_dir,
     f.triton_gemm,
+    progress_file,
   )

@@ -63,6 +63,7 @@ def request(f) -> Request:
       ('--precision', f.precision),
       ('--batch_size', f.batch_size is not None),
       ('--describe', f.describe),
+      ('--progress_file', getattr(f, 'progress_file', None)),
     ):
       if bad:
         raise ValueError(
@@ -80,6 +81,8 @@ def request(f) -> Request:
       raise ValueError('--predict needs the cards to predict for: --gpus, --gpu or --memory_gb')
     if f.batch_size is not None:
       raise ValueError('--predict searches the max batch: it takes no --batch_size')
+    if getattr(f, 'progress_file', None):
+      raise ValueError('--progress_file is for runs: --predict writes each prediction as it ends')
     return Request(PREDICT, tuple(gpus), target)
   if f.gpus:
     raise ValueError('--gpus runs many cards: give --store=FILE for a sweep, or --predict')

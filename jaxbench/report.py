@@ -84,6 +84,26 @@ def append_jsonl(path: str, result: dict[str, Any]) -> None:
     os.close(fd)
 
 
+def replace_json(path: str, record: dict[str, Any]) -> None:
+  """Write one record as the whole of `path`, replacing what was there in one rename, so the
+  file holds the old record or the new one, never part of either, even if we are killed."""
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'w') as f:
+    f.write(json.dumps(record, sort_keys=True, default=str) + '\n')
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def discard(path: str | None) -> None:
+  """Remove `path` if it exists."""
+  if path:
+    try:
+      os.remove(path)
+    except FileNotFoundError:
+      pass
+
+
 def notes(results: Iterable[dict[str, Any]]) -> str:
   """Plain-language notes under the table: where it ran and how memory was bounded."""
   out = []

@@ -8,7 +8,9 @@ still running at the deadline is interrupted (SIGINT, then SIGKILL): it then
 appends a result with status 'interrupted' holding its search trials so far. Before
 the SIGINT, and again before a SIGKILL, a SIGUSR1 makes the job print every thread's
 Python stack into its log (jaxbench.main's faulthandler): where a job that did not
-stop was stuck.
+stop was stuck. Each job keeps its result so far in OUT/jobNN.progress.json
+(--progress_file); when a job has to be killed, that record (status 'interrupted', its
+trials so far) is appended to the results in its place.
 Results go to OUT/results.jsonl (each run appends whole lines), and that file aims the
 searches of later jobs (--search_hints); at the end OUT/summary.md (and the output) has them as
 docs/results/ table rows (scripts/summarize.py). Where nvidia-smi exists, OUT/gpu_monitor.csv
@@ -18,6 +20,7 @@ docs/results/.
   python3 scripts/gpu_queue.py JOBS OUT DEADLINE_S [GPUS]
 """
 
+import json
 import os
 import shlex
 import shutil
@@ -63,6 +66,30 @@ def stop(proc: subprocess.Popen, grace_s: float = GRACE_S, dump_s: float = DUMP_
   return proc.wait(), True
 
 
+def recover(progress: str, results: str, how: str) -> bool:
+  """Append a killed job's last progress record (jaxbench --progress_file) to the results.
+
+  The record is whole (jaxbench replaces the file in one rename) and says what the job had
+  found: status 'interrupted', its search trials so far. `how` heads its error. Returns
+  whether there was one.
+  """
+  try:
+    with open(progress) as f:
+      record = json.loads(f.read())
+  except (FileNotFoundError, json.JSONDecodeError):
+    return False
+  record['error'] = f'{how}; {record.get("error") or ""}'.rstrip('; ')
+  line = (json.dumps(record, sort_keys=True) + '\n').encode()
+  fd = os.open(results, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  try:
+    os.write(fd, line)  # one write of a whole line (O_APPEND): never a torn line
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+  os.remove(progress)
+  return True
+
+
 def main(argv: list[str]) -> None:
   jobs_file, out, deadline_s = argv[1], argv[2], float(argv[3])
   gpus = int(argv[4]) if len(argv) > 4 else 1
@@ -86,11 +113,13 @@ def main(argv: list[str]) -> None:
         summary[index] = f'{index:02d} gpu{gpu} not started (deadline): {args}'
         continue
       log = os.path.join(out, f'job{index:02d}.log')
+      progress = os.path.join(out, f'job{index:02d}.progress.json')
       cmd = [
         sys.executable,
         '-m',
         'jaxbench.main',
         f'--output={out}/results.jsonl',
+        f'--progress_file={progress}',
         *with_hints(shlex.split(args), os.path.join(out, 'results.jsonl')),
       ]
       env = {**os.environ, 'CUDA_VISIBLE_DEVICES': str(gpu), 'PYTHONUNBUFFERED': '1'}
@@ -106,9 +135,15 @@ def main(argv: list[str]) -> None:
           # does not exit within GRACE_S is killed, its thread stacks in its log (see stop).
           rc, killed = stop(proc)
           if killed:
+            kept = recover(
+              progress,
+              os.path.join(out, 'results.jsonl'),
+              f'killed at the deadline, no exit {GRACE_S} s after SIGINT',
+            )
             rc = (
               f'{rc} (cut at the deadline; no exit {GRACE_S} s after SIGINT, killed; '
-              f'Python thread stacks at the SIGINT and before the kill in {log})'
+              f'Python thread stacks at the SIGINT and before the kill in {log}; '
+              + ('its trials so far appended to the results)' if kept else 'no progress file)')
             )
           else:
             rc = f'{rc} (cut at the deadline)'

@@ -176,3 +176,93 @@ def test_search_on_the_cpu_under_a_memory_limit(tmp_path):
   assert max(fit) == result['max_examples'] and min(fail) == result['max_examples'] + 1
   assert all(t['predicted_peak_bytes'] <= 2e6 for t in trials if t['outcome'] == 'fits')
   assert result['max_batch'] == result['max_examples'] * result['config']['src_len']
+
+
+def test_a_killed_run_leaves_its_trials_in_the_progress_file(tmp_path):
+  """--progress_file holds the result so far, whole, until the run writes its own.
+
+  SIGKILL (no handler runs) right after the first trial: the file has that trial, status
+  'interrupted', and the annotation a stored result has; the output has nothing."""
+  out, progress = tmp_path / 'r.jsonl', tmp_path / 'p.json'
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      '-m',
+      'jaxbench.main',
+      '--model=bert_base',
+      '--tiny',
+      '--max_examples=64',
+      '--steps=1',
+      '--windows=1',
+      '--warmup_steps=0',
+      f'--output={out}',
+      f'--progress_file={progress}',
+    ],
+    cwd=ROOT,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    stdout=subprocess.PIPE,
+    stderr=subprocess.DEVNULL,
+    text=True,
+  )
+  try:
+    for line in proc.stdout:
+      if re.match(r'  bert_base: batch \d+ sequences: (fits|oom)', line):
+        break  # the first trial's line: its checkpoint is written right after it
+    else:
+      pytest.fail('the search printed no trial')
+    # Each line is printed after its checkpoint: the next probe's compile is in the file.
+    assert 'compiling' in proc.stdout.readline()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+  finally:
+    proc.kill()
+  assert not out.exists()
+  record = json.loads(progress.read_text())
+  assert record['status'] == 'interrupted'
+  assert record['error'].startswith('ended without its result, while searching: compiling batch')
+  assert len(record['search']['trials']) >= 1 and record['search']['seconds'] is None
+  assert record['mode'] == 'run' and record['emulation'] is None
+  assert record['max_examples'] == max(
+    (t['examples'] for t in record['search']['trials'] if t['outcome'] == 'fits'), default=0
+  )
+
+
+def test_a_run_that_ends_removes_its_progress_file(tmp_path):
+  out, progress = tmp_path / 'r.jsonl', tmp_path / 'p.json'
+  r = jaxbench(
+    '--model=bert_base',
+    '--tiny',
+    '--batch_size=2',
+    '--steps=1',
+    '--windows=1',
+    '--warmup_steps=0',
+    f'--output={out}',
+    f'--progress_file={progress}',
+  )
+  assert r.returncode == 0, r.stderr
+  assert json.loads(out.read_text())['status'] == 'ok'
+  assert not progress.exists() and not list(tmp_path.glob('p.json.tmp*'))
+
+
+@pytest.mark.parametrize(
+  'args, message',
+  [
+    (['--model=bert_base', '--progress_file=/nonexistent/dir/p.json'], 'is not a file in an'),
+    (['--model=bert_base', '--describe', '--progress_file=PROGRESS'], 'takes no --progress_file'),
+    (
+      ['--model=bert_base', '--output=PROGRESS', '--progress_file=PROGRESS'],
+      'must be different files',
+    ),
+    (
+      ['--model=bert_base', '--predict', '--gpu=t4', '--progress_file=PROGRESS'],
+      '--progress_file is for runs',
+    ),
+  ],
+)
+def test_progress_file_conflicts_are_one_line_and_status_2(tmp_path, args, message):
+  args = [a.replace('PROGRESS', str(tmp_path / 'p.json')) for a in args]
+  r = jaxbench(*args)
+  assert r.returncode == 2, r.stderr
+  lines = r.stderr.strip().splitlines()
+  assert len(lines) == 1 and message in lines[0], r.stderr
+  assert not (tmp_path / 'p.json').exists()

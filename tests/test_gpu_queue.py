@@ -1,6 +1,7 @@
 """scripts/gpu_queue.py at the deadline: stacks, SIGINT, and after the grace stacks and SIGKILL."""
 
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -56,3 +57,23 @@ def test_a_stuck_job_gets_a_second_stack_dump_before_the_kill():
   assert (rc, killed) == (-signal.SIGKILL, True)
   assert names == ['SIGUSR1', 'SIGINT', 'SIGUSR1']
   assert times[2] - times[1] >= 0.9  # the grace period
+
+
+def test_recover_appends_a_killed_jobs_progress_as_one_whole_line(tmp_path):
+  results, progress = tmp_path / 'results.jsonl', tmp_path / 'job00.progress.json'
+  results.write_text('{"earlier": 1}\n')
+  record = {'status': 'interrupted', 'error': 'ended without its result, while timing at 8 images'}
+  record['search'] = {'trials': [{'examples': 8, 'outcome': 'fits'}]}
+  progress.write_text(json.dumps(record) + '\n')
+  assert gpu_queue.recover(str(progress), str(results), 'killed at the deadline')
+  lines = results.read_text().splitlines()
+  assert len(lines) == 2 and json.loads(lines[0]) == {'earlier': 1}
+  kept = json.loads(lines[1])
+  assert (
+    kept['error'] == 'killed at the deadline; ended without its result, while timing at 8 images'
+  )
+  assert kept['search'] == record['search'] and kept['status'] == 'interrupted'
+  assert not progress.exists()
+  # No progress file (the job wrote its result and removed it): nothing appended.
+  assert not gpu_queue.recover(str(progress), str(results), 'killed at the deadline')
+  assert len(results.read_text().splitlines()) == 2
