@@ -14,6 +14,7 @@ import ctypes
 import dataclasses
 import datetime
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -99,9 +100,24 @@ def command(
     *[f'--set={k}={v}' for k, v in c.overrides],
     *cards,
     f'--output={store_path}',
+    *([] if c.mode == 'predict' else [f'--progress_file={progress_path(store_path)}']),
     *passthrough,
     *([f'--search_hints={",".join(hint)}'] if hint else []),
   ]
+
+
+def progress_path(store_path: str) -> str:
+  """Where a running cell keeps its result so far (jaxbench --progress_file)."""
+  return store_path + '.progress'
+
+
+def _progress(path: str) -> dict[str, Any] | None:
+  """The result so far that a cell left behind when it ended without its own, if any."""
+  try:
+    with open(path) as f:
+      return json.loads(f.read())
+  except (FileNotFoundError, json.JSONDecodeError):
+    return None
 
 
 def failure(cell: Cell, error: str, seconds: float, log_tail: str) -> dict[str, Any]:
@@ -203,6 +219,7 @@ def run(
       else (f'{group[0].label().rsplit(" on ", 1)[0]} on {",".join(c.gpu for c in group)}')
     )
     out(f'[{already + finished + 1}/{len(cells)}] {label}: ', end='')
+    report.discard(progress_path(store_path))  # a cell's progress is its own
     with open(log_path, 'ab') as log:
       log.write(f'\n=== {datetime.datetime.now().isoformat(timespec="seconds")} {label}\n'.encode())
       log.flush()
@@ -226,11 +243,16 @@ def run(
     records = store.read(store_path)[0]
     after = collections.Counter(store.key_of(r) for r in records)
     latest = store.latest(records)
+    so_far = _progress(progress_path(store_path)) if len(group) == 1 else None
+    report.discard(progress_path(store_path))
     for i, cell in enumerate(group):
       if after[cell.key] <= before[cell.key]:
-        report.append_jsonl(
-          store_path, failure(cell, error, seconds / len(group), _tail(log_path, offset))
-        )
+        record = failure(cell, error, seconds / len(group), _tail(log_path, offset))
+        if so_far is not None:
+          # What the cell had found (its search trials, the largest batch that ran), kept:
+          # they aim the cell's search when it is retried (--search_hints reads the store).
+          record = {**so_far, **record, 'error': f'{error}; {so_far.get("error") or ""}'}
+        report.append_jsonl(store_path, record)
         latest[cell.key] = {'status': 'failed', 'error': error}
         failed += 1
       finished += 1

@@ -1,7 +1,7 @@
 """A stand-in for `python -m jaxbench.main` in sweep tests: writes fake results, or misbehaves.
 
 FAKE_SLEEP (seconds per result), FAKE_CRASH (a workload that dies before writing), FAKE_HANG
-(a workload that never ends).
+(a workload that never ends, after one trial in its --progress_file).
 """
 
 import os
@@ -20,6 +20,20 @@ def main(argv):
     print('Traceback: the fake cell crashed', flush=True)
     os.abort()
   if os.environ.get('FAKE_HANG') == args['model']:
+    if 'progress_file' in args:  # as jaxbench keeps its result so far: one trial, then stuck
+      so_far = {
+        'schema': 'jaxbench.result/1',
+        'workload': args['model'],
+        'precision': args['precision'],
+        'tiny': '--tiny' in argv,
+        'status': 'interrupted',
+        'error': 'ended without its result, while searching: compiling batch 16 sequences',
+        'search': {'trials': [{'examples': 8, 'outcome': 'fits', 'predicted_peak_bytes': 1000}]},
+        'max_examples': 8,
+        'max_batch': 8,
+      }
+      emulation.annotate(so_far, catalog.get(gpus[0]), tuple(map(tuple, sets)), 'run')
+      report.replace_json(args['progress_file'], so_far)
     time.sleep(3600)
   for gpu in gpus:
     time.sleep(float(os.environ.get('FAKE_SLEEP', '0')))

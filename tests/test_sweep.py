@@ -64,11 +64,14 @@ def test_plan_and_command():
     '--notiny',
     '--gpu=t4',
     '--output=/s.jsonl',
+    '--progress_file=/s.jsonl.progress',
     '--steps=2',
   ]
   predict = _cells('predict')
   assert [len(g) for g in sweep.groups(predict)] == [2, 2, 2]  # one process per workload
-  assert '--gpus=rtx_2060,t4' in sweep.command(sweep.groups(predict)[0], '/s', [])
+  predict_cmd = sweep.command(sweep.groups(predict)[0], '/s', [])
+  assert '--gpus=rtx_2060,t4' in predict_cmd
+  assert not any(a.startswith('--progress_file') for a in predict_cmd)  # --predict takes none
 
 
 def test_an_interrupted_cell_is_not_done(tmp_path):
@@ -138,7 +141,13 @@ def test_a_crash_and_a_timeout_are_recorded_and_the_sweep_goes_on(tmp_path, monk
   assert status[('bert_base', 't4')] == status[('mt_dnn', 't4')] == 'failed'
   crash = latest[_cells()[0].key]
   assert 'killed by signal 6' in crash['error'] and 'the fake cell crashed' in crash['log_tail']
-  assert 'timed out after 3 s' in latest[_cells()[-1].key]['error']
+  hung = latest[_cells()[-1].key]
+  assert 'timed out after 3 s' in hung['error']
+  # What the hung cell had found stays in its failure record (it aims the retry's search).
+  assert 'while searching: compiling batch 16 sequences' in hung['error']
+  assert hung['search']['trials'][0]['examples'] == 8 and hung['status'] == 'failed'
+  assert 'search' not in crash  # the crash left no progress: a plain failure
+  assert not os.path.exists(sweep.progress_path(path))
   assert crash['emulation']['cap_bytes'] == 6 * 2**30 - 768 * 2**20
   monkeypatch.delenv('FAKE_CRASH')
   assert _run(path, _cells())[1][0].endswith('0 to run')  # failures count as done ...
