@@ -8,7 +8,7 @@ import matplotlib
 matplotlib.use('Agg')  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
 
-from jaxbench import catalog, published, store, tables  # noqa: E402
+from jaxbench import catalog, forecast, published, store, tables  # noqa: E402
 
 EMULATION_NOTE = (
   'Emulated rows ran on the host GPU named in the results with XLA\'s allocator capped at the '
@@ -25,8 +25,12 @@ BATCH_NOTE = (
 )
 
 
-def build_tables(data: tables.Data, reference: str) -> dict[str, tables.Table]:
-  """name -> Table: max batch, throughput, normalized throughput, its summary, prediction error."""
+def build_tables(
+  data: tables.Data, reference: str, records: list[dict[str, Any]] | None = None
+) -> dict[str, tables.Table]:
+  """name -> Table: max batch, throughput, normalized throughput, its summary, prediction error,
+  and the deviceless forecasts' gap, from every record given (`records`; default the latest of
+  each cell), full-memory runs and superseded results included: each trial is a forecast."""
   notes = [EMULATION_NOTE.format(overhead=catalog.CARD_OVERHEAD_BYTES // catalog.MIB)]
   if any(w in published.SWAPPED for w in data.workloads):
     notes.append(tables.SWAP_MARK.strip() + ' ' + published.SWAP_NOTE)
@@ -65,6 +69,7 @@ def build_tables(data: tables.Data, reference: str) -> dict[str, tables.Table]:
     ['In parentheses: the number of workloads averaged.'],
   )
   out['prediction'] = prediction_table(data.records)
+  out['forecast'] = forecast_table(data.records if records is None else records)
   for t in out.values():
     t.notes.extend(n for n in notes if n not in t.notes)
   return out
@@ -193,3 +198,41 @@ def charts(data: tables.Data, reference: str, out_dir: str) -> list[str]:
   fig.savefig(paths[-1], dpi=100)
   plt.close(fig)
   return paths
+
+
+def forecast_table(records: list[dict[str, Any]]) -> tables.Table:
+  """Deviceless forecasts against the GPU's own at the same batches, per workload: the error
+  of a deviceless prediction's memory model, wherever the results hold both."""
+  found = forecast.gaps(records)
+  rows = []
+  for name, worst in sorted(forecast.largest(found).items()):
+    mine = [g for g in found if g.name == name]
+    low = min(g.deviceless - g.on_device for g in mine)
+    high = max(g.deviceless - g.on_device for g in mine)
+    workload, precision = name.split(' ', 1)
+    rows.append(
+      [
+        workload,
+        precision,
+        str(len(mine)),
+        f'{low / 1e6:+,.0f} to {high / 1e6:+,.0f}',
+        f'{100 * worst.relative:+.2f}% (at {worst.examples:,})',
+      ]
+    )
+  return tables.Table(
+    'Deviceless forecasts vs the GPU\'s own',
+    ['workload', 'precision', 'batches compiled both ways', 'deviceless - GPU, MB', 'largest gap'],
+    rows,
+    [
+      'Each batch compiled both ways: for the GPU on a host without it (--compile_for) and on '
+      'the GPU, the same program (workload, precision, config, JAX version, XLA flags), any '
+      'memory cap. Gap = (deviceless - GPU) / GPU of the predicted peak. '
+      + (
+        'A negative gap is where a deviceless prediction can say a batch fits that does not: '
+        'the GPU\'s autotuner picks convolution algorithms with larger workspaces than a '
+        'compile without it (docs/sweep.md).'
+        if rows
+        else 'No batch was compiled both ways in these results.'
+      )
+    ],
+  )

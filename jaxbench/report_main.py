@@ -16,7 +16,7 @@ from flags import report as report_flags
 from flags import sweep as sweep_flags
 
 FLAGS = flags.FLAGS
-ORDER = ('max_batch', 'throughput', 'normalized', 'summary', 'prediction')
+ORDER = ('max_batch', 'throughput', 'normalized', 'summary', 'prediction', 'forecast')
 
 
 def _fail(message: str) -> None:
@@ -37,7 +37,7 @@ def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[st
       print(warning, file=sys.stderr)
     records += more
   data = tables.collect(records)
-  built = render.build_tables(data, reference)
+  built = render.build_tables(data, reference, records)
   os.makedirs(out_dir, exist_ok=True)
   paths = []
   for name in ORDER:

@@ -140,10 +140,17 @@ def _ratio(a: Cell | None, b: Cell | None) -> str:
 
 
 def display(gpu: str) -> str:
+  """A card's name as people write it; a raw size (--memory_gb, 'mem_133.6gb') as its card's."""
   try:
     return catalog.get(gpu).display
   except catalog.CatalogError:
-    return gpu
+    pass
+  if gpu.startswith('mem_') and gpu.endswith('gb'):
+    try:
+      return catalog.raw(float(gpu[len('mem_') : -len('gb')])).display
+    except (ValueError, catalog.CatalogError):
+      pass
+  return gpu
 
 
 def metric_table(data: Data, grid: dict, title: str, unit_note: str) -> Table:

@@ -2,73 +2,38 @@
 
   python3 scripts/forecast_error.py DEVICELESS.jsonl[,...] ONDEVICE.jsonl[,...]
 
-Every search trial holds XLA's compile-time peak forecast at one batch. A deviceless trial
-(compiled for the GPU on a host without one: no autotuning) and a trial compiled on the GPU
-itself match when they are the same program: workload and revision, precision, preset,
-overrides, configuration, JAX version, XLA flags and device kind, at the same batch. The
-memory cap does not change the program (jaxbench/hints.py), so trials of any search match.
-Prints one Markdown row per matched batch and, per workload, the largest gap.
+Matches every search trial of the deviceless results with the on-device trials of the same
+program at the same batch (jaxbench/forecast.py says what "the same program" takes). Prints one
+Markdown row per matched batch and, per workload, the largest gap. A report
+(python -m jaxbench.report_main) whose store holds both kinds has the per-workload summary.
 """
 
-import json
+import os
 import sys
 
-_SAME = ('workload', 'precision', 'tiny', 'jax_version', 'xla_flags')
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from jaxbench import forecast, store  # noqa: E402
 
 
-def _identity(r: dict) -> str:
-  fields = {k: r.get(k) for k in _SAME}
-  fields['revision'] = r.get('workload_revision', 1)
-  fields['overrides'] = r.get('overrides') or []
-  fields['config'] = r.get('config')
-  fields['kind'] = (r.get('device') or {}).get('kind')
-  return json.dumps(fields, sort_keys=True, default=str)
-
-
-def _peaks(paths: list[str], deviceless: bool) -> dict[tuple[str, int], int]:
-  """(identity, batch) -> predicted peak bytes over the trials of the matching records."""
-  out = {}
-  for path in paths:
-    with open(path) as f:
-      for line in f:
-        try:
-          r = json.loads(line)
-        except json.JSONDecodeError:
-          continue
-        if bool((r.get('device') or {}).get('deviceless')) != deviceless:
-          continue
-        for t in (r.get('search') or {}).get('trials') or []:
-          if t.get('predicted_peak_bytes'):
-            out[(_identity(r), int(t['examples']))] = int(t['predicted_peak_bytes'])
-  return out
+def _read(paths: str) -> list[dict]:
+  return [r for path in paths.split(',') for r in store.read(path)[0]]
 
 
 def main(argv: list[str]) -> int:
   if len(argv) != 3:
     print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
     return 2
-  deviceless = _peaks(argv[1].split(','), True)
-  on_device = _peaks(argv[2].split(','), False)
-  rows, worst = [], {}
-  for key in sorted(
-    set(deviceless) & set(on_device), key=lambda k: (json.loads(k[0])['workload'], k[1])
-  ):
-    ident, n = json.loads(key[0]), key[1]
-    a, b = deviceless[key], on_device[key]
-    gap = (a - b) / b
-    name = f"{ident['workload']} {ident['precision']}"
-    rows.append(
-      f'| {name} | {n:,} | {b / 1e9:.3f} | {a / 1e9:.3f} '
-      f'| {(a - b) / 1e6:+,.0f} | {100 * gap:+.2f}% |'
-    )
-    if name not in worst or abs(gap) > abs(worst[name][1]):
-      worst[name] = (n, gap)
+  found = forecast.gaps(_read(argv[1]), _read(argv[2]))
   print('| workload | batch | on the GPU, GB | deviceless, GB | deviceless - GPU, MB | gap |')
   print('|---|---|---|---|---|---|')
-  print('\n'.join(rows))
+  for g in found:
+    print(
+      f'| {g.name} | {g.examples:,} | {g.on_device / 1e9:.3f} | {g.deviceless / 1e9:.3f} '
+      f'| {(g.deviceless - g.on_device) / 1e6:+,.0f} | {100 * g.relative:+.2f}% |'
+    )
   print()
-  for name, (n, gap) in sorted(worst.items()):
-    print(f'- {name}: largest gap {100 * gap:+.2f}% (at {n:,})')
+  for name, g in sorted(forecast.largest(found).items()):
+    print(f'- {name}: largest gap {100 * g.relative:+.2f}% (at {g.examples:,})')
   return 0
 
 

@@ -121,6 +121,32 @@ def test_a_deviceless_prediction_is_a_cell_of_its_own_with_its_own_error():
   )
 
 
+def _trials(record, peaks, deviceless):
+  record.update(
+    jax_version='0.11.2',
+    xla_flags='--xla_gpu_enable_triton_gemm=false',
+    config={'resolution': 1024},
+    device={'kind': 'NVIDIA H200', **({'deviceless': True} if deviceless else {})},
+    search={'trials': [{'examples': n, 'predicted_peak_bytes': p} for n, p in peaks.items()]},
+  )
+  return record
+
+
+def test_the_deviceless_forecast_gap_is_summarized_per_workload():
+  full = _result('stylegan', 'h200', 82, 11.5)
+  full['emulation'] = None  # a full-memory run on the H200: no card emulated
+  records = FIXTURE + [
+    _trials(full, {82: 141_000_000_000, 88: 149_000_000_000, 1: 3_220_000_000}, False),
+    _trials(_deviceless('stylegan', 'rtx_2060', 2), {1: 3_020_000_000, 2: 4_500_000_000}, True),
+    _trials(_deviceless('stylegan', 'h200', 88), {88: 142_000_000_000}, True),
+  ]
+  t = render.build_tables(tables.collect(records), 'quadro_rtx_8000', records)['forecast']
+  assert t.rows == [['stylegan', 'fp32', '2', '-7,000 to -200', '-6.21% (at 1)']]
+  assert 'autotuner' in t.notes[0]
+  empty = render.build_tables(tables.collect(FIXTURE), 'quadro_rtx_8000')['forecast']
+  assert empty.rows == [] and 'No batch was compiled both ways' in empty.notes[0]
+
+
 def test_a_max_stopped_by_max_examples_shows_as_a_lower_bound_and_measures_no_error():
   capped = _result('bert_base', 'rtx_2080_ti', 8, 50.0)
   capped['search'] = {'capped': True}
@@ -154,6 +180,7 @@ def test_report_command_writes_markdown_csv_and_pngs_that_open(tmp_path):
       'normalized.csv',
       'summary.csv',
       'prediction.csv',
+      'forecast.csv',
       'report.md',
       'max_batch.png',
       'throughput.png',
@@ -189,3 +216,9 @@ def test_report_reads_several_files_in_order(tmp_path):
   assert ['bert_base', 'fp32', 'RTX 2060', 'on the GPU', '10', '9', '+11.1%'] in rows
   md = open(os.path.join(out, 'report.md')).read()
   assert md.startswith('# jaxbench sweep: a.jsonl, b.jsonl')
+
+
+def test_a_raw_memory_size_shows_as_its_card():
+  assert tables.display('mem_133.6gb') == '133.6 GB card'
+  assert tables.display('titan_rtx') == 'Titan RTX'
+  assert tables.display('mem_nonsense') == 'mem_nonsense'
