@@ -55,6 +55,15 @@ AUTOTUNE_LEVEL = flags.DEFINE_integer(
   lower_bound=0,
   upper_bound=4,
 )
+AUTOTUNE_CACHE_DIR = flags.DEFINE_string(
+  'autotune_cache_dir',
+  None,
+  "Keep XLA's GEMM and convolution autotuning results in this directory "
+  '(--xla_gpu_per_fusion_autotune_cache_dir), each as it is found, and reuse them: a later '
+  'compile of the same operation on the same kind of GPU skips its autotuning, even across '
+  'processes and after a killed compile. A cached choice is one a fresh autotuning could have '
+  'made, so results with and without it aim each other\'s searches (--search_hints).',
+)
 TRITON_GEMM = flags.DEFINE_bool(
   'triton_gemm',
   False,

@@ -71,6 +71,7 @@ def configure(
   compilation_cache_dir: str | None = None,
   triton_gemm: bool = False,
   autotune_level: int | None = None,
+  autotune_cache_dir: str | None = None,
 ) -> MemorySetup:
   """Fix the memory cap and XLA options; call before JAX's backend starts."""
   from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
@@ -109,6 +110,9 @@ def configure(
     _add_xla_flags('--xla_gpu_enable_triton_gemm=false')
   if autotune_level is not None:
     _add_xla_flags(f'--xla_gpu_autotune_level={autotune_level}')
+  if autotune_cache_dir:
+    os.makedirs(autotune_cache_dir, exist_ok=True)
+    _add_xla_flags(f'--xla_gpu_per_fusion_autotune_cache_dir={os.path.abspath(autotune_cache_dir)}')
   if not remat:
     # Without this XLA quietly recomputes activations once a program exceeds its
     # memory limit, and "max batch" would mean "max batch with recomputation".

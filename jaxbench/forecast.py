@@ -12,7 +12,9 @@ import dataclasses
 import json
 from typing import Any, Iterable
 
-_SAME = ('workload', 'precision', 'tiny', 'jax_version', 'xla_flags')
+from jaxbench import hints
+
+_SAME = ('workload', 'precision', 'tiny', 'jax_version')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +38,7 @@ class Gap:
 
 def _identity(r: dict[str, Any]) -> str:
   fields = {k: r.get(k) for k in _SAME}
+  fields['xla_flags'] = hints.compiler_flags(r.get('xla_flags'))
   fields['revision'] = r.get('workload_revision', 1)
   fields['overrides'] = r.get('overrides') or []
   fields['config'] = r.get('config')

@@ -10,6 +10,7 @@ the boundary itself: hints change how many probes it takes, never its answer.
 """
 
 import json
+import re
 from typing import Any, Iterable
 
 from jaxbench import store
@@ -17,7 +18,16 @@ from jaxbench import store
 # What must agree for a recorded forecast to hold: the program (workload and its revision,
 # precision, preset, configuration), the compiler (JAX version, XLA flags, remat included)
 # and the device kind.
-_SAME = ('workload', 'precision', 'tiny', 'jax_version', 'xla_flags')
+_SAME = ('workload', 'precision', 'tiny', 'jax_version')  # and compiler_flags(xla_flags)
+
+
+# XLA flags that say where caches live: they change how long a compile takes, not its program.
+_CACHE_FLAG = re.compile(r'^--xla_gpu_per_fusion_autotune_cache_dir=')
+
+
+def compiler_flags(xla_flags: str | None) -> str:
+  """The XLA flags that decide the compiled program: `xla_flags` without the cache locations."""
+  return ' '.join(f for f in (xla_flags or '').split() if not _CACHE_FLAG.match(f))
 
 
 def _normal(value: Any) -> str:
@@ -35,6 +45,8 @@ def load(paths: Iterable[str], head: dict[str, Any]) -> tuple[dict[int, int], in
     records, _ = store.read(path)
     for r in records:
       if any(r.get(k) != head[k] for k in _SAME) or store.revision(r) != store.revision(head):
+        continue
+      if compiler_flags(r.get('xla_flags')) != compiler_flags(head.get('xla_flags')):
         continue
       if _normal(r.get('config')) != _normal(head['config']):
         continue

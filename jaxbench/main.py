@@ -68,6 +68,7 @@ def main(argv: list[str]) -> int:
       search_flags.COMPILATION_CACHE_DIR.value,
       search_flags.TRITON_GEMM.value,
       search_flags.AUTOTUNE_LEVEL.value,
+      search_flags.AUTOTUNE_CACHE_DIR.value,
     )
   except backend.BackendError as e:
     _fail(str(e))

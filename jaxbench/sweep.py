@@ -291,6 +291,8 @@ def passthrough(f) -> list[str]:
     args.append(f'--autotune_level={f.autotune_level}')
   if f.compilation_cache_dir:
     args.append(f'--compilation_cache_dir={f.compilation_cache_dir}')
+  if getattr(f, 'autotune_cache_dir', None):
+    args.append(f'--autotune_cache_dir={f.autotune_cache_dir}')
   return args
 
 

@@ -65,3 +65,14 @@ def test_importing_every_workload_leaves_the_backend_unstarted():
     'print(len(registry.names()), xla_bridge.backends_are_initialized())'
   )
   assert out.split()[1] == 'False', out
+
+
+def test_autotune_cache_dir_is_made_and_given_to_xla(tmp_path):
+  where = tmp_path / 'autotune'
+  code = (
+    'import os, jax; from jaxbench import backend; '
+    f'backend.configure(None, False, autotune_cache_dir={str(where)!r}); '
+    'jax.devices(); print(os.environ["XLA_FLAGS"])'  # XLA parses the flags as it starts
+  )
+  assert f'--xla_gpu_per_fusion_autotune_cache_dir={where}' in _python(code).split()
+  assert where.is_dir()

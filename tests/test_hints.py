@@ -60,3 +60,17 @@ def test_results_from_before_revisions_count_as_revision_one(tmp_path):
   path.write_text(json.dumps(old) + '\n')
   assert hints.load([str(path)], _record(workload_revision=1))[1] == 1
   assert hints.load([str(path)], _record(workload_revision=2))[1] == 0
+
+
+def test_a_cache_location_is_not_a_compiler_setting(tmp_path):
+  """--autotune_cache_dir changes where autotuning results come from, not what is compiled."""
+  cached = '--xla_disable_hlo_passes=rematerialization --xla_gpu_per_fusion_autotune_cache_dir=/c'
+  path = tmp_path / 'earlier.jsonl'
+  path.write_text(
+    json.dumps(_record(xla_flags=cached))
+    + '\n'
+    + json.dumps(_record(xla_flags=cached + ' --xla_gpu_autotune_level=0'))  # another setting
+    + '\n'
+  )
+  assert hints.load([str(path)], _record()) == ({1: 1480, 188: 23906}, 1)
+  assert hints.compiler_flags(cached) == '--xla_disable_hlo_passes=rematerialization'
