@@ -26,6 +26,18 @@ def jaxbench(*args, timeout=600):
   )
 
 
+def started(*args, stderr=subprocess.PIPE):
+  """A tiny jaxbench run in the background, its stdout a line-buffered text pipe."""
+  return subprocess.Popen(
+    [sys.executable, '-m', 'jaxbench.main', '--tiny', '--steps=1', '--windows=1', *args],
+    cwd=ROOT,
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    stdout=subprocess.PIPE,
+    stderr=stderr,
+    text=True,
+  )
+
+
 @pytest.mark.parametrize(
   'args, says',
   [
@@ -91,25 +103,7 @@ def test_sigusr1_dumps_every_threads_stack_and_the_run_goes_on(tmp_path):
 
   The log also says which probe is compiling or running, as each starts."""
   out = tmp_path / 'r.jsonl'
-  proc = subprocess.Popen(
-    [
-      sys.executable,
-      '-m',
-      'jaxbench.main',
-      '--model=bert_base',
-      '--tiny',
-      '--batch_size=2',
-      '--steps=1',
-      '--windows=1',
-      '--warmup_steps=0',
-      f'--output={out}',
-    ],
-    cwd=ROOT,
-    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-  )
+  proc = started('--model=bert_base', '--batch_size=2', '--warmup_steps=0', f'--output={out}')
   try:
     first = proc.stdout.readline()  # the run's header: the handler is long registered
     assert first.startswith('bert_base: fixed batch'), first
@@ -184,25 +178,13 @@ def test_a_killed_run_leaves_its_trials_in_the_progress_file(tmp_path):
   SIGKILL (no handler runs) right after the first trial: the file has that trial, status
   'interrupted', and the annotation a stored result has; the output has nothing."""
   out, progress = tmp_path / 'r.jsonl', tmp_path / 'p.json'
-  proc = subprocess.Popen(
-    [
-      sys.executable,
-      '-m',
-      'jaxbench.main',
-      '--model=bert_base',
-      '--tiny',
-      '--max_examples=64',
-      '--steps=1',
-      '--windows=1',
-      '--warmup_steps=0',
-      f'--output={out}',
-      f'--progress_file={progress}',
-    ],
-    cwd=ROOT,
-    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
-    stdout=subprocess.PIPE,
+  proc = started(
+    '--model=bert_base',
+    '--max_examples=64',
+    '--warmup_steps=0',
+    f'--output={out}',
+    f'--progress_file={progress}',
     stderr=subprocess.DEVNULL,
-    text=True,
   )
   try:
     for line in proc.stdout:
