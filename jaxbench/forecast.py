@@ -2,8 +2,8 @@
 
 Every search trial holds XLA's compile-time peak forecast at one batch. A deviceless trial
 (compiled for the GPU on a host without one: no autotuning) and a trial compiled on the GPU
-itself match when they are the same program: workload and revision, precision, preset,
-overrides, configuration, JAX version, XLA flags and device kind, at the same batch. The
+itself match when they are the same program (hints.program_key: workload and revision,
+precision, preset, configuration, JAX version, XLA flags and device kind), at the same batch. The
 memory cap does not change the program (jaxbench/hints.py), so the trials of any search match,
 interrupted ones included.
 """
@@ -13,8 +13,6 @@ import json
 from typing import Any, Iterable
 
 from jaxbench import hints
-
-_SAME = ('workload', 'precision', 'tiny', 'jax_version')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,16 +34,6 @@ class Gap:
     return (self.deviceless - self.on_device) / self.on_device
 
 
-def _identity(r: dict[str, Any]) -> str:
-  fields = {k: r.get(k) for k in _SAME}
-  fields['xla_flags'] = hints.compiler_flags(r.get('xla_flags'))
-  fields['revision'] = r.get('workload_revision', 1)
-  fields['overrides'] = r.get('overrides') or []
-  fields['config'] = r.get('config')
-  fields['kind'] = (r.get('device') or {}).get('kind')
-  return json.dumps(fields, sort_keys=True, default=str)
-
-
 def _peaks(records: Iterable[dict[str, Any]], deviceless: bool) -> dict[tuple[str, int], int]:
   """(identity, examples) -> predicted peak bytes over the trials of the matching records."""
   out = {}
@@ -54,7 +42,7 @@ def _peaks(records: Iterable[dict[str, Any]], deviceless: bool) -> dict[tuple[st
       continue
     for t in (r.get('search') or {}).get('trials') or []:
       if t.get('predicted_peak_bytes'):
-        out[(_identity(r), int(t['examples']))] = int(t['predicted_peak_bytes'])
+        out[(hints.program_key(r), int(t['examples']))] = int(t['predicted_peak_bytes'])
   return out
 
 

@@ -18,7 +18,7 @@ from jaxbench import store
 # What must agree for a recorded forecast to hold: the program (workload and its revision,
 # precision, preset, configuration), the compiler (JAX version, XLA flags, remat included)
 # and the device kind.
-_SAME = ('workload', 'precision', 'tiny', 'jax_version')  # and compiler_flags(xla_flags)
+_SAME = ('workload', 'precision', 'tiny', 'jax_version')
 
 
 # XLA flags that say where caches live: they change how long a compile takes, not its program.
@@ -30,8 +30,16 @@ def compiler_flags(xla_flags: str | None) -> str:
   return ' '.join(f for f in (xla_flags or '').split() if not _CACHE_FLAG.match(f))
 
 
-def _normal(value: Any) -> str:
-  return json.dumps(value, sort_keys=True, default=str)
+def program_key(r: dict[str, Any]) -> str:
+  """What decides a result's compile-time forecasts, as one comparable string: its program and
+  compiler (_SAME, the workload revision, the configuration, the XLA flags without cache
+  locations) and its device kind. The memory cap is not in it."""
+  fields = {k: r.get(k) for k in _SAME}
+  fields['revision'] = store.revision(r)
+  fields['xla_flags'] = compiler_flags(r.get('xla_flags'))
+  fields['config'] = r.get('config')
+  fields['kind'] = (r.get('device') or {}).get('kind')
+  return json.dumps(fields, sort_keys=True, default=str)
 
 
 def load(paths: Iterable[str], head: dict[str, Any]) -> tuple[dict[int, int], int]:
@@ -41,16 +49,11 @@ def load(paths: Iterable[str], head: dict[str, Any]) -> tuple[dict[int, int], in
   """
   peaks: dict[int, int] = {}
   matched = 0
+  want = program_key(head)
   for path in paths:
     records, _ = store.read(path)
     for r in records:
-      if any(r.get(k) != head[k] for k in _SAME) or store.revision(r) != store.revision(head):
-        continue
-      if compiler_flags(r.get('xla_flags')) != compiler_flags(head.get('xla_flags')):
-        continue
-      if _normal(r.get('config')) != _normal(head['config']):
-        continue
-      if (r.get('device') or {}).get('kind') != head['device']['kind']:
+      if program_key(r) != want:
         continue
       matched += 1
       for t in (r.get('search') or {}).get('trials') or []:

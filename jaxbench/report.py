@@ -95,6 +95,15 @@ def replace_json(path: str, record: dict[str, Any]) -> None:
   os.replace(tmp, path)
 
 
+def read_json(path: str) -> dict[str, Any] | None:
+  """The record replace_json wrote to `path`, or None if there is none."""
+  try:
+    with open(path) as f:
+      return json.loads(f.read())
+  except (FileNotFoundError, json.JSONDecodeError):
+    return None
+
+
 def discard(path: str | None) -> None:
   """Remove `path` if it exists."""
   if path:

@@ -14,7 +14,6 @@ import ctypes
 import dataclasses
 import datetime
 import functools
-import json
 import os
 import signal
 import subprocess
@@ -109,15 +108,6 @@ def command(
 def progress_path(store_path: str) -> str:
   """Where a running cell keeps its result so far (jaxbench --progress_file)."""
   return store_path + '.progress'
-
-
-def _progress(path: str) -> dict[str, Any] | None:
-  """The result so far that a cell left behind when it ended without its own, if any."""
-  try:
-    with open(path) as f:
-      return json.loads(f.read())
-  except (FileNotFoundError, json.JSONDecodeError):
-    return None
 
 
 def failure(cell: Cell, error: str, seconds: float, log_tail: str) -> dict[str, Any]:
@@ -243,7 +233,8 @@ def run(
     records = store.read(store_path)[0]
     after = collections.Counter(store.key_of(r) for r in records)
     latest = store.latest(records)
-    so_far = _progress(progress_path(store_path)) if len(group) == 1 else None
+    # The result so far that a cell left behind when it ended without its own, if any.
+    so_far = report.read_json(progress_path(store_path)) if len(group) == 1 else None
     report.discard(progress_path(store_path))
     for i, cell in enumerate(group):
       if after[cell.key] <= before[cell.key]:

@@ -20,7 +20,6 @@ docs/results/.
   python3 scripts/gpu_queue.py JOBS OUT DEADLINE_S [GPUS]
 """
 
-import json
 import os
 import shlex
 import shutil
@@ -29,6 +28,9 @@ import subprocess
 import sys
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from jaxbench import report  # noqa: E402  (results I/O only: no JAX in this process)
 
 MIN_START_S = 120  # a job started with less time left could not finish a search
 GRACE_S = 60  # after SIGINT at the deadline, before SIGKILL (a step or an init may be in flight)
@@ -73,20 +75,12 @@ def recover(progress: str, results: str, how: str) -> bool:
   found: status 'interrupted', its search trials so far. `how` heads its error. Returns
   whether there was one.
   """
-  try:
-    with open(progress) as f:
-      record = json.loads(f.read())
-  except (FileNotFoundError, json.JSONDecodeError):
+  record = report.read_json(progress)
+  if record is None:
     return False
   record['error'] = f'{how}; {record.get("error") or ""}'.rstrip('; ')
-  line = (json.dumps(record, sort_keys=True) + '\n').encode()
-  fd = os.open(results, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-  try:
-    os.write(fd, line)  # one write of a whole line (O_APPEND): never a torn line
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-  os.remove(progress)
+  report.append_jsonl(results, record)  # one whole line, never a torn one
+  report.discard(progress)
   return True
 
 
