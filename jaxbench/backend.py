@@ -7,6 +7,7 @@ rather than silently measuring the wrong thing.
 """
 
 import dataclasses
+import glob
 import os
 import shutil
 import subprocess
@@ -82,6 +83,10 @@ def configure(
       'in a fresh process, before the first use of JAX devices'
     )
   total = gpu_total_bytes()
+  if total is None and not glob.glob('/dev/nvidia[0-9]*'):
+    # No NVIDIA GPU here: JAX on the CPU, without first trying the CUDA plugin that
+    # `pip install -e '.[cuda]'` brings (it prints a traceback when it finds no GPU).
+    os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   limit = None if memory_limit_gb is None else int(memory_limit_gb * 1e9)
   fraction = None
   if total is not None:

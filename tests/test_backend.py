@@ -1,8 +1,12 @@
 """XLA set-up before the backend starts: flags, the memory cap, the refusal afterwards."""
 
+import glob
 import os
+import shutil
 import subprocess
 import sys
+
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -76,3 +80,20 @@ def test_autotune_cache_dir_is_made_and_given_to_xla(tmp_path):
   )
   assert f'--xla_gpu_per_fusion_autotune_cache_dir={where}' in _python(code).split()
   assert where.is_dir()
+
+
+@pytest.mark.skipif(
+  bool(shutil.which('nvidia-smi') or glob.glob('/dev/nvidia[0-9]*')), reason='a GPU host'
+)
+def test_without_a_gpu_jax_runs_on_the_cpu_without_trying_cuda():
+  """The CUDA plugin of '.[cuda]' prints a traceback where there is no GPU: not asked for."""
+  code = (
+    'import os; from jaxbench import backend; backend.configure(None, False); '
+    'print(os.environ.get("JAX_PLATFORMS"))'
+  )
+  env = {k: v for k, v in os.environ.items() if k != 'JAX_PLATFORMS'}
+  r = subprocess.run(
+    [sys.executable, '-c', code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+  )
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.strip() == 'cpu'
