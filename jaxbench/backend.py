@@ -11,6 +11,7 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 
 # JAX preallocates 75% of the GPU by default. We give the allocator the card:
 # 95% of it, leaving room for the CUDA context, cuBLAS/cuDNN handles and
@@ -86,7 +87,10 @@ def configure(
   if total is None and not glob.glob('/dev/nvidia[0-9]*'):
     # No NVIDIA GPU here: JAX on the CPU, without first trying the CUDA plugin that
     # `pip install -e '.[cuda]'` brings (it prints a traceback when it finds no GPU).
-    os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+    if 'JAX_PLATFORMS' not in os.environ:
+      os.environ['JAX_PLATFORMS'] = 'cpu'
+      if 'jax' in sys.modules:  # imported already: its config has read the environment
+        sys.modules['jax'].config.update('jax_platforms', 'cpu')
   limit = None if memory_limit_gb is None else int(memory_limit_gb * 1e9)
   fraction = None
   if total is not None:
