@@ -50,15 +50,15 @@ def build(batch: int, hw: int, dtype, conv):
   params = [jax.random.normal(k, (s, s, 1, c), dtype) * 0.1 for k, (s, c) in zip(keys, layers)]
   xs = [jax.random.normal(keys[-1], (batch, hw, hw, c), dtype) for _, c in layers]
 
-  def loss(params):
+  def loss(params, xs):
     total = 0.0
     for p, x in zip(params, xs):
       y = conv(x, p)
       total = total + jnp.mean(jnp.square(y.astype(jnp.float32)))
     return total
 
-  step = jax.jit(jax.value_and_grad(loss))
-  return step, params
+  step = jax.jit(jax.value_and_grad(loss))  # the inputs are arguments, not captured constants
+  return step, params, xs
 
 
 def main() -> None:
@@ -67,16 +67,16 @@ def main() -> None:
   print(f'jax {jax.__version__}, {jax.devices()[0].device_kind}, batch {batch}, {hw}x{hw}')
   for name, conv in (('lax', lax_depthwise), ('shifted', shifted_depthwise)):
     for dtype in (jnp.float32, jnp.bfloat16):
-      step, params = build(batch, hw, dtype, conv)
+      step, params, xs = build(batch, hw, dtype, conv)
       t = time.perf_counter()
-      compiled = step.lower(params).compile()
+      compiled = step.lower(params, xs).compile()
       compile_s = time.perf_counter() - t
       c0, t = cpu_s(), time.perf_counter()
-      jax.block_until_ready(compiled(params))
+      jax.block_until_ready(compiled(params, xs))
       first_s, first_cpu = time.perf_counter() - t, cpu_s() - c0
       t = time.perf_counter()
       for _ in range(5):
-        out = compiled(params)
+        out = compiled(params, xs)
       jax.block_until_ready(out)
       step_s = (time.perf_counter() - t) / 5
       print(
