@@ -36,6 +36,15 @@ SEARCH_HINTS = flags.DEFINE_list(
   'workload, precision, config, JAX version, XLA flags and device kind give predicted peaks to aim '
   'the search with. The search still compiles and runs both sides of the boundary itself.',
 )
+SEARCH_RESUME = flags.DEFINE_bool(
+  'search_resume',
+  False,
+  'Go on from the trials in --search_hints of earlier runs of the same program under the same '
+  'memory (the same workload, precision, config, JAX version, XLA flags, device kind, '
+  '--memory_limit_gb and device pool): their fits and out-of-memory outcomes decide, each kept '
+  'with the time of its run, so that a search whose compiles take minutes can span several '
+  'processes. The batch found is compiled and run again before it is timed.',
+)
 MAX_EXAMPLES = flags.DEFINE_integer(
   'max_examples', 1 << 20, 'Stop the search at this many examples per batch.'
 )

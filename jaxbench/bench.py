@@ -35,6 +35,9 @@ class Options:
   verify_predicted_oom: bool = False
   search_tolerance: float = 0.0  # stop within this fraction of the max (0: to one example)
   search_hints: tuple[str, ...] = ()  # result files whose trials aim the search (hints.py)
+  # Start from the decided trials in search_hints of earlier runs of this program under this
+  # memory (hints.decided), rather than only aim at them.
+  search_resume: bool = False
 
 
 class Interrupted(KeyboardInterrupt):
@@ -151,15 +154,17 @@ class _Progress:
 
   phase: str = 'building the model'
   trials: list[search.Trial] = dataclasses.field(default_factory=list)
+  running: search.Trial | None = None  # the probe being run: compiled, its forecast known
   changed: Callable[[], None] = lambda: None  # after each trial and change of phase
 
 
 def _so_far(w, cfg, opts, result, progress, error: str) -> dict[str, Any]:
   """The result of a run stopped now: status 'interrupted', its trials so far, the largest
   batch that ran as its max. `result` itself is left as it is."""
-  largest = max((t.examples for t in progress.trials if t.fits), default=0)
+  largest = max((t.examples for t in progress.trials if t.fits and not t.earlier), default=0)
   found = dict(result.get('search') or {'mode': 'search' if opts.batch_size is None else 'fixed'})
-  found.setdefault('trials', [dataclasses.asdict(t) for t in progress.trials])
+  trials = progress.trials + ([progress.running] if progress.running else [])
+  found.setdefault('trials', [dataclasses.asdict(t) for t in trials])
   found.setdefault('seconds', None)  # not measured: the search did not end
   record = {**result, 'search': found}
   record.setdefault('max_examples', largest)
@@ -172,14 +177,18 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
 
   def on_trial(t: search.Trial) -> None:
     progress.trials.append(t)
+    progress.running = None
     if program.init_s is not None:  # the first trial that ran built the initial state
       result['init_s'] = round(program.init_s, 3)
     progress.changed()  # before the line: a log that shows a trial has it in the checkpoint
     log(_trial_line(w, t))
 
-  def on_phase(n: int, phase: str, compile_s: float | None) -> None:
+  def on_phase(n: int, phase: str, trial: search.Trial | None) -> None:
     # Where the run is, in the log (runner's log flushes: a log cut by a deadline's SIGKILL
-    # still shows the phase) and in an interrupted result's error.
+    # still shows the phase) and in an interrupted result's error and trials (a probe cut in
+    # its run keeps its compile time and forecast there, as outcome 'unfinished').
+    progress.running = trial
+    compile_s = None if trial is None else trial.compile_s
     batch = f'{n * w.example_size(cfg)} {w.unit}'
     if opts.batch_size is None:
       progress.phase = f'searching: {phase} batch {batch}'
@@ -215,6 +224,15 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       'tolerance': opts.search_tolerance,
       'hints': {'files': list(opts.search_hints), 'results': matched, 'points': len(peaks)},
     }
+    known = hints.decided(opts.search_hints, result, budget) if opts.search_resume else []
+    if opts.search_resume:
+      result['search']['resumed'] = {
+        'trials': len(known),
+        'runs': sorted({t.earlier for t in known}),
+      }
+      progress.trials.extend(known)
+      if known:
+        log(f'  {w.name}: resumed from {len(known)} earlier trials: ' + _trials_text(w, known))
     found = search.find_max_batch(
       program,
       budget,
@@ -224,11 +242,12 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       tolerance=opts.search_tolerance,
       hints=peaks,
       on_phase=on_phase,
+      known=known,
     )
   result['search'].update(
     trials=[dataclasses.asdict(t) for t in found.trials],
     seconds=round(found.seconds, 2),
-    compiles=sum(t.compile_s is not None for t in found.trials),
+    compiles=sum(t.compile_s is not None and not t.earlier for t in found.trials),
     capped=found.capped,
   )
   result['max_examples'] = found.max_examples
@@ -279,6 +298,13 @@ def _trial_line(w: wl.Workload, t: search.Trial) -> str:
   comp = '' if t.compile_s is None else f' compile {t.compile_s:.1f}s'
   why = f' ({t.detail})' if t.detail and not t.fits else ''
   return f'  {w.name}: batch {t.batch} {w.unit}: {t.outcome}{peak}{comp}{why}'
+
+
+def _trials_text(w: wl.Workload, trials: list[search.Trial]) -> str:
+  """'359 fits, 361 oom_predicted (earlier run 2026-12-01T04:52:30+00:00)'."""
+  parts = [f'{t.batch} {t.outcome}' for t in sorted(trials, key=lambda t: t.examples)]
+  runs = sorted({t.earlier for t in trials if t.earlier})
+  return ', '.join(parts) + (f' ({w.unit}; earlier runs {", ".join(runs)})' if runs else '')
 
 
 def resolve_tiny(opts: Options, tiny_flag: bool | None) -> Options:

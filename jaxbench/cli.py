@@ -69,6 +69,11 @@ def plan(f) -> Plan:
   for path in f.search_hints:
     if not os.path.isfile(path):
       raise UsageError(f'--search_hints: {path} is not a file')
+  if getattr(f, 'search_resume', False) and (not f.search_hints or f.batch_size is not None):
+    raise UsageError(
+      '--search_resume goes on with a search from the results in --search_hints: give those, '
+      'and no --batch_size'
+    )
   if f.steps < f.windows:
     raise UsageError(f'--steps ({f.steps}) must be at least --windows ({f.windows})')
   if f.batch_size is not None and f.batch_size <= 0:
@@ -116,6 +121,7 @@ def plan(f) -> Plan:
     verify_predicted_oom=f.verify_predicted_oom,
     search_tolerance=f.search_tolerance,
     search_hints=tuple(f.search_hints),
+    search_resume=bool(getattr(f, 'search_resume', False)),
   )
   return Plan(
     'describe' if f.describe else 'run',

@@ -83,6 +83,8 @@ def request(f) -> Request:
       raise ValueError('--predict searches the max batch: it takes no --batch_size')
     if getattr(f, 'progress_file', None):
       raise ValueError('--progress_file is for runs: --predict writes each prediction as it ends')
+    if getattr(f, 'search_resume', False):
+      raise ValueError('--search_resume is for runs: --predict compiles only')
     return Request(PREDICT, tuple(gpus), target)
   if f.gpus:
     raise ValueError('--gpus runs many cards: give --store=FILE for a sweep, or --predict')

@@ -7,13 +7,22 @@ same bytes under a 24 GB cap as at full memory). So the trials of earlier search
 memory size, a sweep's other cards, a run that was interrupted) say where a new search's
 boundary lies before it compiles anything. The search still compiles, and runs, both sides of
 the boundary itself: hints change how many probes it takes, never its answer.
+
+With --search_resume the trials of earlier runs of the same program under the same memory
+also decide (decided(), below): a search whose compiles take minutes each can then go on in a
+new process where an earlier one was stopped, each trial keeping the time of the run that made
+it, and the reported batch is compiled and run again before it is timed.
 """
 
+import dataclasses
 import json
 import re
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from jaxbench import store
+
+if TYPE_CHECKING:  # search imports JAX; the report reads hints without it
+  from jaxbench import search
 
 # What must agree for a recorded forecast to hold: the program (workload and its revision,
 # precision, preset, configuration), the compiler (JAX version, XLA flags, remat included)
@@ -60,3 +69,42 @@ def load(paths: Iterable[str], head: dict[str, Any]) -> tuple[dict[int, int], in
         if t.get('predicted_peak_bytes'):
           peaks[int(t['examples'])] = int(t['predicted_peak_bytes'])
   return peaks, matched
+
+
+def _memory(r: dict[str, Any]) -> tuple[Any, Any]:
+  return (r.get('memory') or {}).get('limit_bytes'), (r.get('device') or {}).get('pool_bytes')
+
+
+def decided(paths: Iterable[str], head: dict[str, Any], budget: int | None) -> list['search.Trial']:
+  """The decided trials (fits, out of memory) of earlier runs in `paths` that hold for this one.
+
+  They hold where the program, compiler and device kind agree (program_key) and so does the
+  memory: the same --memory_limit_gb and the same device pool. A forecast is judged again
+  against this run's `budget`: a trial that fitted, or was predicted out of memory, by its
+  forecast under a budget a few bytes apart is dropped where the verdict would now differ.
+  Trials that stopped with an error or were cut in their run decide nothing. Where two runs
+  tried the same batch the later record wins. Each trial's `earlier` is its run's timestamp.
+  """
+  from jaxbench import search  # pylint: disable=g-import-not-at-top  (JAX: only where resumed)
+
+  want, memory = program_key(head), _memory(head)
+  found: dict[int, search.Trial] = {}
+  fields = {f.name for f in dataclasses.fields(search.Trial)}
+  for path in paths:
+    records, _ = store.read(path)
+    for r in records:
+      if program_key(r) != want or _memory(r) != memory:
+        continue
+      for t in (r.get('search') or {}).get('trials') or []:
+        if t.get('outcome') not in search.DECIDED:
+          continue
+        trial = search.Trial(**{k: v for k, v in t.items() if k in fields})
+        trial.earlier = trial.earlier or r.get('timestamp')
+        peak = trial.predicted_peak_bytes
+        if budget is not None and peak is not None:
+          if trial.outcome == search.OOM_PREDICTED and peak <= budget:
+            continue
+          if trial.fits and peak > budget:
+            continue
+        found[trial.examples] = trial
+  return [found[n] for n in sorted(found)]

@@ -11,6 +11,11 @@ The peak is close to linear in the batch (peak = a + b * n), so after two
 probes the search jumps to the predicted boundary and then confirms both sides,
 falling back to doubling and bisection wherever the line is wrong. It ends when
 the largest fitting n and the smallest failing n are one example apart.
+
+A search may start from the decided trials of an earlier run of the same program under the
+same memory (`known`, --search_resume): a search whose compiles take minutes each can then
+span several processes, each adding probes. The trials keep the time of the run that made
+them; the batch reported is always compiled and run again by this search before it is timed.
 """
 
 import dataclasses
@@ -26,6 +31,10 @@ FITS, OOM_PREDICTED, OOM_COMPILE, OOM_RUN, ERROR = (
   'oom_run',
   'error',
 )
+# A probe that compiled (its forecast is known) and was stopped during its run: only in the
+# record of an interrupted run, never decided.
+UNFINISHED = 'unfinished'
+DECIDED = (FITS, OOM_PREDICTED, OOM_COMPILE, OOM_RUN)
 
 
 @dataclasses.dataclass
@@ -34,7 +43,7 @@ class Trial:
 
   examples: int
   batch: int  # in the workload's batch unit
-  outcome: str  # one of FITS, OOM_PREDICTED, OOM_COMPILE, OOM_RUN, ERROR
+  outcome: str  # one of DECIDED, ERROR or UNFINISHED
   predicted_peak_bytes: int | None = None
   predicted_temp_bytes: int | None = None  # XLA's temporaries (activations and the like)
   compile_s: float | None = None
@@ -44,6 +53,8 @@ class Trial:
   # Device bytes still in use after the trial was released: equal before and
   # after every trial when nothing leaks (GPU only).
   bytes_in_use_after: int | None = None
+  # The timestamp of the earlier run that made this trial (--search_resume); None: this run.
+  earlier: str | None = None
 
   @property
   def fits(self) -> bool:
@@ -62,14 +73,15 @@ class Result:
   capped: bool = False
 
 
-# on_phase(n, COMPILING, None) as a probe's compile starts, on_phase(n, RUNNING, compile_s) as
-# its run starts: for a log that shows where a long search is (either can take minutes on a GPU).
+# on_phase(n, COMPILING, None) as a probe's compile starts, on_phase(n, RUNNING, trial) as its
+# run starts, the trial holding its compile time and forecast: for a log that shows where a long
+# search is (either can take minutes on a GPU), and for the record of a run stopped there.
 COMPILING, RUNNING = 'compiling', 'running'
-PhaseCallback = Callable[[int, str, float | None], None]
+PhaseCallback = Callable[[int, str, 'Trial | None'], None]
 
 
-def _no_phase(n: int, phase: str, compile_s: float | None) -> None:
-  del n, phase, compile_s
+def _no_phase(n: int, phase: str, trial: 'Trial | None') -> None:
+  del n, phase, trial
 
 
 def probe(
@@ -118,7 +130,7 @@ def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase):
     return trial, None
   if run_steps == 0:
     return trial, compiled  # compile-only: fits means "predicted to fit"
-  on_phase(n, RUNNING, compiled.compile_s)
+  on_phase(n, RUNNING, dataclasses.replace(trial, outcome=UNFINISHED))
   start = time.perf_counter()
   try:
     program.run(compiled, run_steps)
@@ -241,6 +253,7 @@ def find_max_batch(
   tolerance: float = 0.0,
   hints: dict[int, int] | None = None,
   on_phase: PhaseCallback | None = None,
+  known: list[Trial] | None = None,
 ) -> Result:
   """Search the largest number of examples whose step fits; see the module docstring.
 
@@ -252,32 +265,59 @@ def find_max_batch(
   first probes (the first is the hinted boundary instead of one example), never decide: every
   fit and failure reported is a compile, and a run, of this search.
 
+  known: decided trials of an earlier run of the same program under the same memory
+  (hints.decided), where this search starts; they are reported with the others. A largest fit
+  among them is compiled and run again here (its executable is what gets timed); should it fail
+  now, the search stops with an error rather than mix two runs that disagree.
+
   on_phase: told as each probe starts its compile and its run (see COMPILING).
   """
   if run_steps == 0 and budget_bytes is None:
     raise ValueError('a compile-only search needs a memory budget')
   start = time.perf_counter()
-  trials: list[Trial] = []
+  trials: list[Trial] = list(known or [])
   best: prog.Compiled | None = None
-  lo, hi = 0, None  # largest n known to fit, smallest n known not to
+  # The largest n known to fit, the smallest known not to.
+  lo = max((t.examples for t in trials if t.fits), default=0)
+  hi = min((t.examples for t in trials if t.outcome in DECIDED and not t.fits), default=None)
+  if hi is not None and hi <= lo:
+    raise ValueError(f'the earlier trials disagree: {lo} examples fit, {hi} did not')
   gallop, direction, line_missed = 1, None, False
-  aimed = _line_guess([], budget_bytes, 0, None, hints) if hints else None
-  n = min(max(aimed, 1), max_examples) if aimed is not None else 1
+
+  def result(error: str | None = None, capped: bool = False) -> Result:
+    return Result(lo, trials, time.perf_counter() - start, budget_bytes, best, error, capped)
+
+  def done() -> bool:
+    return (hi is not None and hi - lo <= max(1, int(tolerance * lo))) or lo >= max_examples
+
+  if trials:
+    n, direction = _next_probe(trials, budget_bytes, lo, hi, max_examples, gallop, False, hints)
+  else:
+    aimed = _line_guess([], budget_bytes, 0, None, hints) if hints else None
+    n = min(max(aimed, 1), max_examples) if aimed is not None else 1
   while True:
+    again = done()  # only when resumed: the earlier largest fit, compiled here to be timed
+    if again and lo == 0:
+      return result()  # the earlier run found that nothing fits
+    if again:
+      n = lo
     trial, compiled = probe(program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase)
     trials.append(trial)
     if on_trial:
       on_trial(trial)
     if trial.outcome == ERROR:
-      return Result(lo, trials, time.perf_counter() - start, budget_bytes, best, trial.detail)
+      return result(trial.detail)
+    if again and not trial.fits:
+      return result(f'{n} examples fit in an earlier run and not in this one ({trial.outcome})')
     if trial.fits:
       lo, best = n, compiled
     else:
       hi = n if hi is None else min(hi, n)
-    if (hi is not None and hi - lo <= max(1, int(tolerance * lo))) or lo >= max_examples:
+    if done() and (lo == 0 or best is not None and best.n == lo):
       # Stopped by the cap rather than by a failure just above: the max is only a lower bound.
-      capped = lo >= max_examples and (hi is None or hi > lo + 1)
-      return Result(lo, trials, time.perf_counter() - start, budget_bytes, best, capped=capped)
+      return result(capped=lo >= max_examples and (hi is None or hi > lo + 1))
+    if done():
+      continue  # the largest fit is an earlier run's: compile it here
     # A gallop that stayed on its side (up and fitting, down and failing) doubles its step.
     kept_going = (direction == 'up' and trial.fits) or (direction == 'down' and not trial.fits)
     gallop = 2 * gallop if kept_going else 1
@@ -286,11 +326,4 @@ def find_max_batch(
       trials, budget_bytes, lo, hi, max_examples, gallop, line_missed, hints
     )
     if n <= lo or (hi is not None and n >= hi) or n in {t.examples for t in trials}:
-      return Result(
-        lo,
-        trials,
-        time.perf_counter() - start,
-        budget_bytes,
-        best,
-        f'search stalled at {n} (fits {lo}, fails {hi})',
-      )
+      return result(f'search stalled at {n} (fits {lo}, fails {hi})')

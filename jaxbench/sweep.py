@@ -100,7 +100,9 @@ def command(
     *cards,
     f'--output={store_path}',
     *([] if c.mode == 'predict' else [f'--progress_file={progress_path(store_path)}']),
-    *passthrough,
+    # A resumed search goes on from the store's trials; nothing to resume from without one,
+    # and --predict compiles only.
+    *[a for a in passthrough if a != '--search_resume' or (hint and c.mode != 'predict')],
     *([f'--search_hints={",".join(hint)}'] if hint else []),
   ]
 
@@ -284,6 +286,8 @@ def passthrough(f) -> list[str]:
     args.append(f'--compilation_cache_dir={f.compilation_cache_dir}')
   if getattr(f, 'autotune_cache_dir', None):
     args.append(f'--autotune_cache_dir={f.autotune_cache_dir}')
+  if getattr(f, 'search_resume', False):
+    args.append('--search_resume')
   return args
 
 

@@ -58,6 +58,15 @@ def started(*args, stderr=subprocess.PIPE):
     (['--model=bert_base', '--steps=many'], 'steps'),
     (['--model=bert_base', '--search_hints=/no/such/file.jsonl'], 'is not a file'),
     (['--model=bert_base', '--search_tolerance=-0.1'], 'search_tolerance must be in'),
+    (['--model=bert_base', '--search_resume'], '--search_resume goes on with a search'),
+    (
+      ['--model=bert_base', '--search_resume', '--search_hints=README.md', '--batch_size=8'],
+      'and no --batch_size',
+    ),
+    (
+      ['--model=bert_base', '--search_resume', '--predict', '--memory_gb=8'],
+      '--search_resume is for runs',
+    ),
     (['--no_such_flag'], 'no_such_flag'),
     ([], '--model'),
     (['--model=bert_base', 'stray'], 'unexpected arguments'),

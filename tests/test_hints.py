@@ -74,3 +74,60 @@ def test_a_cache_location_is_not_a_compiler_setting(tmp_path):
   )
   assert hints.load([str(path)], _record()) == ({1: 1480, 188: 23906}, 1)
   assert hints.compiler_flags(cached) == '--xla_disable_hlo_passes=rematerialization'
+
+
+def _run(timestamp, trials, limit=None, pool=142606336000, **changes):
+  return _record(
+    timestamp=timestamp,
+    memory={'limit_bytes': limit},
+    device={'platform': 'gpu', 'kind': 'NVIDIA H200', 'pool_bytes': pool},
+    search={'trials': trials},
+    **changes,
+  )
+
+
+def _trial(n, outcome, peak):
+  return {'examples': n, 'batch': n, 'outcome': outcome, 'predicted_peak_bytes': peak}
+
+
+def test_resumed_trials_come_from_the_same_program_under_the_same_memory(tmp_path):
+  path = tmp_path / 'earlier.jsonl'
+  runs = [
+    _run('t1', [_trial(359, 'fits', 359), _trial(362, 'oom_predicted', 362)]),
+    _run('t2', [_trial(360, 'fits', 360), _trial(361, 'unfinished', 361)]),  # cut in its run
+    _run('t3', [_trial(300, 'error', None)]),  # decides nothing
+    _run('x', [_trial(100, 'fits', 100)], limit=24_000_000_000),  # another --memory_limit_gb
+    _run('y', [_trial(101, 'fits', 101)], pool=141_000_000_000),  # another pool
+    _run('z', [_trial(102, 'fits', 102)], precision='bf16'),  # another program
+  ]
+  path.write_text(''.join(json.dumps(r) + '\n' for r in runs))
+  head = _run('now', [])
+  got = hints.decided([str(path)], head, budget=361)
+  assert [(t.examples, t.outcome, t.earlier) for t in got] == [
+    (359, 'fits', 't1'),
+    (360, 'fits', 't2'),
+    (362, 'oom_predicted', 't1'),
+  ]
+  # The unfinished probe still aims: its forecast is a hint.
+  assert 361 in hints.load([str(path)], head)[0]
+
+
+def test_a_resumed_forecast_is_judged_again_against_this_runs_budget(tmp_path):
+  path = tmp_path / 'earlier.jsonl'
+  trials = [_trial(10, 'fits', 1000), _trial(11, 'oom_predicted', 1100)]
+  path.write_text(json.dumps(_run('t1', trials)) + '\n')
+  head = _run('now', [])
+  assert len(hints.decided([str(path)], head, budget=1050)) == 2
+  assert [t.examples for t in hints.decided([str(path)], head, budget=999)] == [11]  # 10 over now
+  assert [t.examples for t in hints.decided([str(path)], head, budget=1100)] == [10]  # 11 fits now
+
+
+def test_the_later_record_of_a_batch_wins_and_keeps_its_first_runs_time(tmp_path):
+  """A resumed run's record repeats the earlier trials with their own time: still the first."""
+  path = tmp_path / 'earlier.jsonl'
+  first = _run('t1', [_trial(5, 'oom_run', 500)])
+  carried = {**_trial(5, 'oom_run', 500), 'earlier': 't1'}
+  second = _run('t2', [carried, _trial(4, 'fits', 400)])
+  path.write_text(json.dumps(first) + '\n' + json.dumps(second) + '\n')
+  got = hints.decided([str(path)], _run('now', []), budget=None)
+  assert [(t.examples, t.earlier) for t in got] == [(4, 't2'), (5, 't1')]

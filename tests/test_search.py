@@ -317,15 +317,17 @@ def test_sigint_handed_by_the_kernel_to_another_thread_still_interrupts():
 
 def test_each_probe_reports_its_compile_and_its_run_as_they_start():
   calls = []
+
+  def on_phase(n, phase, trial):
+    calls.append((n, phase, trial and (trial.outcome, trial.predicted_peak_bytes)))
+
   program = FakeProgram(a=100, b=10, run_fails_above=6)
-  found = search.find_max_batch(
-    program, 250, on_phase=lambda n, phase, compile_s: calls.append((n, phase, compile_s))
-  )
+  found = search.find_max_batch(program, 250, on_phase=on_phase)
   expected = []
   for t in found.trials:
     expected.append((t.examples, search.COMPILING, None))
-    if t.outcome != search.OOM_PREDICTED:
-      expected.append((t.examples, search.RUNNING, 0.0))
+    if t.outcome != search.OOM_PREDICTED:  # its run starts with its forecast known
+      expected.append((t.examples, search.RUNNING, (search.UNFINISHED, program.peak(t.examples))))
   assert calls == expected
   assert any(t.outcome == search.OOM_RUN for t in found.trials)  # a run that failed: reported
 
@@ -348,6 +350,11 @@ def test_an_interrupted_run_says_which_probe_it_was_in(monkeypatch):
   result = stop.value.result
   assert result['status'] == 'interrupted'
   assert result['error'] == 'interrupted while searching: running batch 1 sequences'
+  # The probe cut in its run keeps its compile and forecast, decided neither way.
+  (cut,) = result['search']['trials']
+  assert cut['outcome'] == search.UNFINISHED and cut['examples'] == 1
+  assert cut['predicted_peak_bytes'] > 0 and cut['compile_s'] > 0 and cut['run_s'] is None
+  assert result['max_examples'] == 0
 
 
 @pytest.mark.parametrize('policy, want', [('fp32', 'highest'), ('tf32', 'high')])
@@ -386,3 +393,75 @@ def test_an_eager_init_builds_the_jitted_state_once_and_every_trial_gets_a_copy(
   losses = [eager.run(compiled, 2) for _ in range(2)]  # the steps donate their state
   assert losses[0] == losses[1]  # both trials started from the same intact initial state
   assert eager.init_s == first_init_s  # built once
+
+
+def _earlier(n, outcome, peak, when='2026-12-01T04:52:30+00:00'):
+  return search.Trial(n, n, outcome, predicted_peak_bytes=peak, compile_s=300.0, earlier=when)
+
+
+def test_a_resumed_search_compiles_only_what_the_earlier_run_left_and_the_max_again():
+  """360 fitted and 362 was predicted over in an earlier process: this one compiles 361 and, to
+  time it, the largest fit again; the earlier trials are reported with their run's time."""
+  p = FakeProgram(a=0, b=10)  # fits up to 361 under 3615
+  known = [_earlier(360, search.FITS, 3600), _earlier(362, search.OOM_PREDICTED, 3620)]
+  found = search.find_max_batch(p, 3615, known=known)
+  assert found.max_examples == 361 and found.best.n == 361
+  assert p.compiled == [361] and p.ran == [361]
+  assert [(t.examples, t.earlier is None) for t in found.trials] == [
+    (360, False),
+    (362, False),
+    (361, True),
+  ]
+
+
+def test_a_search_resumed_at_its_boundary_compiles_and_runs_the_max_once():
+  p = FakeProgram(a=0, b=10)
+  known = [_earlier(361, search.FITS, 3610), _earlier(362, search.OOM_PREDICTED, 3620)]
+  found = search.find_max_batch(p, 3615, known=known)
+  assert found.max_examples == 361 and found.best is not None and found.error is None
+  assert p.compiled == [361] and p.ran == [361]
+
+
+def test_a_resumed_fit_that_fails_now_stops_the_search_with_an_error():
+  p = FakeProgram(a=0, b=10, run_fails_above=300)
+  known = [_earlier(361, search.FITS, 3610), _earlier(362, search.OOM_PREDICTED, 3620)]
+  found = search.find_max_batch(p, 3615, known=known)
+  assert found.error == '361 examples fit in an earlier run and not in this one (oom_run)'
+  assert found.best is None
+
+
+def test_a_resume_where_nothing_fitted_compiles_nothing():
+  p = FakeProgram(a=5000, b=10)
+  found = search.find_max_batch(p, 3615, known=[_earlier(1, search.OOM_PREDICTED, 5010)])
+  assert found.max_examples == 0 and p.compiled == [] and found.error is None
+
+
+def test_earlier_trials_that_disagree_are_refused():
+  known = [_earlier(10, search.FITS, 100), _earlier(5, search.OOM_RUN, 50)]
+  with pytest.raises(ValueError, match='disagree'):
+    search.find_max_batch(FakeProgram(), 1000, known=known)
+
+
+def test_a_resumed_search_in_bench_records_where_each_trial_came_from(tmp_path):
+  """Two processes' worth of one search on the tiny transformer: the second starts from the
+  first one's record, compiles fewer probes, and reports both runs' trials."""
+  w = registry.get('bert_base')
+  memory = bench.backend.MemorySetup(None, None, None, False)
+  first = bench.run(w, bench.Options(tiny=True, steps=1, windows=1, warmup_steps=0), memory)
+  assert first['status'] == 'ok'
+  path = tmp_path / 'first.jsonl'
+  path.write_text(json.dumps(first) + '\n')
+  opts = bench.Options(
+    tiny=True, steps=1, windows=1, warmup_steps=0, search_hints=(str(path),), search_resume=True
+  )
+  lines = []
+  second = bench.run(w, opts, memory, log=lines.append)
+  assert second['status'] == 'ok' and second['max_batch'] == first['max_batch']
+  assert second['search']['resumed'] == {
+    'trials': len(first['search']['trials']),
+    'runs': [first['timestamp']],
+  }
+  assert second['search']['compiles'] == 1  # the max, compiled again to be timed
+  earlier = [t for t in second['search']['trials'] if t['earlier']]
+  assert {t['examples'] for t in earlier} == {t['examples'] for t in first['search']['trials']}
+  assert lines[0].startswith('  bert_base: resumed from ')

@@ -74,6 +74,17 @@ def test_plan_and_command():
   assert not any(a.startswith('--progress_file') for a in predict_cmd)  # --predict takes none
 
 
+def test_a_resumed_sweep_resumes_runs_from_the_store_once_there_is_one(tmp_path):
+  (cell,) = sweep.plan(WORKLOADS[:1], ['t4'], ['fp32'], False, (), 'run')
+  store_path = str(tmp_path / 's.jsonl')
+  assert '--search_resume' not in sweep.command([cell], store_path, ['--search_resume'])
+  open(store_path, 'w').close()
+  cmd = sweep.command([cell], store_path, ['--search_resume'])
+  assert '--search_resume' in cmd and f'--search_hints={store_path}' in cmd
+  predict = sweep.groups(_cells('predict'))[0]
+  assert '--search_resume' not in sweep.command(predict, store_path, ['--search_resume'])
+
+
 def test_an_interrupted_cell_is_not_done(tmp_path):
   """A cell whose run was stopped by Ctrl-C (status 'interrupted') runs again on resume."""
   path = str(tmp_path / 's.jsonl')
