@@ -38,6 +38,8 @@ class Options:
   # Start from the decided trials in search_hints of earlier runs of this program under this
   # memory (hints.decided), rather than only aim at them.
   search_resume: bool = False
+  # Run each probe predicted to fit (the default), or only the largest fit, before its timing.
+  run_every_fit: bool = True
 
 
 class Interrupted(KeyboardInterrupt):
@@ -223,6 +225,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       'mode': 'search',
       'tolerance': opts.search_tolerance,
       'hints': {'files': list(opts.search_hints), 'results': matched, 'points': len(peaks)},
+      'run_every_fit': opts.run_every_fit,
     }
     known = hints.decided(opts.search_hints, result, budget) if opts.search_resume else []
     if opts.search_resume:
@@ -243,6 +246,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       hints=peaks,
       on_phase=on_phase,
       known=known,
+      run_every_fit=opts.run_every_fit,
     )
   result['search'].update(
     trials=[dataclasses.asdict(t) for t in found.trials],

@@ -74,6 +74,8 @@ def plan(f) -> Plan:
       '--search_resume goes on with a search from the results in --search_hints: give those, '
       'and no --batch_size'
     )
+  if not getattr(f, 'run_every_fit', True) and f.batch_size is not None:
+    raise UsageError('--norun_every_fit is for searches: a fixed --batch_size runs its one batch')
   if f.steps < f.windows:
     raise UsageError(f'--steps ({f.steps}) must be at least --windows ({f.windows})')
   if f.batch_size is not None and f.batch_size <= 0:
@@ -122,6 +124,7 @@ def plan(f) -> Plan:
     search_tolerance=f.search_tolerance,
     search_hints=tuple(f.search_hints),
     search_resume=bool(getattr(f, 'search_resume', False)),
+    run_every_fit=bool(getattr(f, 'run_every_fit', True)),
   )
   return Plan(
     'describe' if f.describe else 'run',

@@ -92,14 +92,41 @@ def probe(
   verify_predicted_oom: bool = False,
   on_phase: PhaseCallback | None = None,
 ) -> tuple[Trial, prog.Compiled | None]:
-  """Compile (and unless predicted out of memory, run) the step at n examples."""
+  """Compile (and unless predicted out of memory, or run_steps is 0, run) the step at n
+  examples. Returns the trial and, where it fits, the compiled step."""
   trial, compiled = _probe(
     program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase or _no_phase
   )
+  _after(trial)
+  return trial, compiled
+
+
+def verify(
+  program: prog.Program,
+  compiled: prog.Compiled,
+  budget_bytes: int | None,
+  run_steps: int = 2,
+  on_phase: PhaseCallback | None = None,
+) -> Trial:
+  """Run a step compiled earlier in this search (and predicted to fit), as its own trial: one
+  with a run and no compile."""
+  n = compiled.n
+  trial = Trial(
+    n,
+    n * program.workload.example_size(program.cfg),
+    FITS,
+    predicted_peak_bytes=compiled.peak_bytes,
+    predicted_temp_bytes=compiled.temp_bytes,
+  )
+  _run(program, compiled, trial, budget_bytes, run_steps, on_phase or _no_phase)
+  _after(trial)
+  return trial
+
+
+def _after(trial: Trial) -> None:
   stats = prog.device_memory()
   if stats:
     trial.bytes_in_use_after = stats.get('bytes_in_use')
-  return trial, compiled
 
 
 def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase):
@@ -129,8 +156,14 @@ def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase):
     )
     return trial, None
   if run_steps == 0:
-    return trial, compiled  # compile-only: fits means "predicted to fit"
-  on_phase(n, RUNNING, dataclasses.replace(trial, outcome=UNFINISHED))
+    return trial, compiled  # compile-only: fits means "predicted to fit" (run_s None)
+  _run(program, compiled, trial, budget_bytes, run_steps, on_phase)
+  return trial, compiled if trial.fits else None
+
+
+def _run(program, compiled, trial, budget_bytes, run_steps, on_phase) -> None:
+  """Run `compiled` for run_steps steps from a fresh state; the outcome goes into `trial`."""
+  on_phase(trial.examples, RUNNING, dataclasses.replace(trial, outcome=UNFINISHED))
   start = time.perf_counter()
   try:
     program.run(compiled, run_steps)
@@ -145,13 +178,9 @@ def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase):
   trial.run_s = round(time.perf_counter() - start, 3)
   stats = prog.device_memory()
   trial.process_peak_bytes = stats.get('peak_bytes_in_use') if stats else None
-  if not trial.fits:
-    return trial, None
-  if budget_bytes is not None and compiled.peak_bytes > budget_bytes:
+  if trial.fits and budget_bytes is not None and compiled.peak_bytes > budget_bytes:
     trial.outcome = OOM_PREDICTED  # ran anyway (verify_predicted_oom) but over the budget
     trial.detail = 'ran although predicted over budget; the budget is the limit that counts'
-    return trial, None
-  return trial, compiled
 
 
 def _line_guess(
@@ -254,6 +283,7 @@ def find_max_batch(
   hints: dict[int, int] | None = None,
   on_phase: PhaseCallback | None = None,
   known: list[Trial] | None = None,
+  run_every_fit: bool = True,
 ) -> Result:
   """Search the largest number of examples whose step fits; see the module docstring.
 
@@ -266,9 +296,17 @@ def find_max_batch(
   fit and failure reported is a compile, and a run, of this search.
 
   known: decided trials of an earlier run of the same program under the same memory
-  (hints.decided), where this search starts; they are reported with the others. A largest fit
-  among them is compiled and run again here (its executable is what gets timed); should it fail
-  now, the search stops with an error rather than mix two runs that disagree.
+  (hints.decided), where this search starts; they are reported with the others.
+
+  run_every_fit: each probe predicted to fit runs run_steps steps at once (the default). Without
+  it a fit is first decided by its forecast, and only the largest one runs, once the bracket is
+  closed, as a trial of its own; should it fail, the search goes on below it. For programs whose
+  first step costs minutes of host work per new batch.
+
+  Either way the max returned has run in this search: a largest fit from `known`, or one not
+  yet run, is compiled (where it is not already) and run before the search returns. Should an
+  earlier run's fit fail here, the search stops with an error rather than mix two runs that
+  disagree.
 
   on_phase: told as each probe starts its compile and its run (see COMPILING).
   """
@@ -276,19 +314,28 @@ def find_max_batch(
     raise ValueError('a compile-only search needs a memory budget')
   start = time.perf_counter()
   trials: list[Trial] = list(known or [])
-  best: prog.Compiled | None = None
+  best: prog.Compiled | None = None  # the compiled step at lo, where this search compiled it
+  ran = False  # whether `best` has run in this search
   # The largest n known to fit, the smallest known not to.
   lo = max((t.examples for t in trials if t.fits), default=0)
   hi = min((t.examples for t in trials if t.outcome in DECIDED and not t.fits), default=None)
   if hi is not None and hi <= lo:
     raise ValueError(f'the earlier trials disagree: {lo} examples fit, {hi} did not')
   gallop, direction, line_missed = 1, None, False
+  probe_steps = run_steps if run_every_fit else 0
 
-  def result(error: str | None = None, capped: bool = False) -> Result:
+  def result(error: str | None = None) -> Result:
+    # Stopped by the cap rather than by a failure just above: the max is only a lower bound.
+    capped = error is None and lo >= max_examples and (hi is None or hi > lo + 1)
     return Result(lo, trials, time.perf_counter() - start, budget_bytes, best, error, capped)
 
   def done() -> bool:
     return (hi is not None and hi - lo <= max(1, int(tolerance * lo))) or lo >= max_examples
+
+  def record(trial: Trial) -> None:
+    trials.append(trial)
+    if on_trial:
+      on_trial(trial)
 
   if trials:
     n, direction = _next_probe(trials, budget_bytes, lo, hi, max_examples, gallop, False, hints)
@@ -296,28 +343,41 @@ def find_max_batch(
     aimed = _line_guess([], budget_bytes, 0, None, hints) if hints else None
     n = min(max(aimed, 1), max_examples) if aimed is not None else 1
   while True:
-    again = done()  # only when resumed: the earlier largest fit, compiled here to be timed
-    if again and lo == 0:
-      return result()  # the earlier run found that nothing fits
-    if again:
-      n = lo
-    trial, compiled = probe(program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase)
-    trials.append(trial)
-    if on_trial:
-      on_trial(trial)
+    if done():
+      if lo == 0 or run_steps == 0 or (best is not None and best.n == lo and ran):
+        return result()
+      # The largest fit has not run in this search: run it (compiled first where needed).
+      if best is not None and best.n == lo:
+        trial, compiled = verify(program, best, budget_bytes, run_steps, on_phase), best
+      else:
+        trial, compiled = probe(
+          program, lo, budget_bytes, run_steps, verify_predicted_oom, on_phase
+        )
+      record(trial)
+      if trial.outcome == ERROR:
+        return result(trial.detail)
+      if trial.fits:
+        best, ran = compiled, True
+        continue
+      if any(t.earlier and t.fits and t.examples == lo for t in trials):
+        best = None
+        return result(f'{lo} examples fit in an earlier run and not in this one ({trial.outcome})')
+      # Predicted to fit, out of memory when run: the boundary is below.
+      hi, best, ran = lo, None, False
+      lo = max((t.examples for t in trials if t.fits and t.examples < hi), default=0)
+      if done():
+        continue
+      n, direction = _next_probe(trials, budget_bytes, lo, hi, max_examples, 1, True, hints)
+    trial, compiled = probe(program, n, budget_bytes, probe_steps, verify_predicted_oom, on_phase)
+    record(trial)
     if trial.outcome == ERROR:
       return result(trial.detail)
-    if again and not trial.fits:
-      return result(f'{n} examples fit in an earlier run and not in this one ({trial.outcome})')
     if trial.fits:
-      lo, best = n, compiled
+      lo, best, ran = n, compiled, probe_steps > 0
     else:
       hi = n if hi is None else min(hi, n)
-    if done() and (lo == 0 or best is not None and best.n == lo):
-      # Stopped by the cap rather than by a failure just above: the max is only a lower bound.
-      return result(capped=lo >= max_examples and (hi is None or hi > lo + 1))
     if done():
-      continue  # the largest fit is an earlier run's: compile it here
+      continue
     # A gallop that stayed on its side (up and fitting, down and failing) doubles its step.
     kept_going = (direction == 'up' and trial.fits) or (direction == 'down' and not trial.fits)
     gallop = 2 * gallop if kept_going else 1

@@ -100,11 +100,20 @@ def command(
     *cards,
     f'--output={store_path}',
     *([] if c.mode == 'predict' else [f'--progress_file={progress_path(store_path)}']),
-    # A resumed search goes on from the store's trials; nothing to resume from without one,
-    # and --predict compiles only.
-    *[a for a in passthrough if a != '--search_resume' or (hint and c.mode != 'predict')],
+    *[a for a in passthrough if _applies(a, c, bool(hint))],
     *([f'--search_hints={",".join(hint)}'] if hint else []),
   ]
+
+
+def _applies(arg: str, cell: Cell, hinted: bool) -> bool:
+  """Whether a passed-through flag applies to this cell's process: a resumed search goes on from
+  the store's trials (nothing to resume from before there is a store), and --predict compiles
+  only (nothing to resume or run)."""
+  if arg == '--search_resume':
+    return hinted and cell.mode != 'predict'
+  if arg == '--norun_every_fit':
+    return cell.mode != 'predict'
+  return True
 
 
 def progress_path(store_path: str) -> str:
@@ -288,6 +297,8 @@ def passthrough(f) -> list[str]:
     args.append(f'--autotune_cache_dir={f.autotune_cache_dir}')
   if getattr(f, 'search_resume', False):
     args.append('--search_resume')
+  if not getattr(f, 'run_every_fit', True):
+    args.append('--norun_every_fit')
   return args
 
 

@@ -67,6 +67,8 @@ def started(*args, stderr=subprocess.PIPE):
       ['--model=bert_base', '--search_resume', '--predict', '--memory_gb=8'],
       '--search_resume is for runs',
     ),
+    (['--model=bert_base', '--norun_every_fit', '--batch_size=8'], 'is for searches'),
+    (['--model=bert_base', '--norun_every_fit', '--predict', '--memory_gb=8'], 'runs nothing'),
     (['--no_such_flag'], 'no_such_flag'),
     ([], '--model'),
     (['--model=bert_base', 'stray'], 'unexpected arguments'),

@@ -465,3 +465,50 @@ def test_a_resumed_search_in_bench_records_where_each_trial_came_from(tmp_path):
   earlier = [t for t in second['search']['trials'] if t['earlier']]
   assert {t['examples'] for t in earlier} == {t['examples'] for t in first['search']['trials']}
   assert lines[0].startswith('  bert_base: resumed from ')
+
+
+def test_without_run_every_fit_only_the_largest_fit_runs_and_the_answer_is_the_same():
+  default, lazy = FakeProgram(a=0, b=10), FakeProgram(a=0, b=10)
+  want = search.find_max_batch(default, 3615)
+  got = search.find_max_batch(lazy, 3615, run_every_fit=False)
+  assert got.max_examples == want.max_examples == 361 and got.best.n == 361
+  assert lazy.compiled == default.compiled  # the same probes
+  assert len(default.ran) > 1 and lazy.ran == [361]  # one run, of the max
+  last = got.trials[-1]
+  assert (last.examples, last.outcome, last.compile_s) == (361, search.FITS, None)
+  assert last.run_s is not None
+  assert all(t.run_s is None for t in got.trials[:-1])  # the probes compiled only
+
+
+def test_without_run_every_fit_a_max_that_fails_when_run_moves_the_search_below_it():
+  """The forecast says 361 fits; the device runs out above 300: the same max as a search that
+  runs every fit, each candidate max run before it is accepted."""
+  want = search.find_max_batch(FakeProgram(a=0, b=10, run_fails_above=300), 3615)
+  lazy = FakeProgram(a=0, b=10, run_fails_above=300)
+  got = search.find_max_batch(lazy, 3615, run_every_fit=False)
+  assert got.max_examples == want.max_examples == 300 and got.error is None
+  assert got.best.n == 300 and lazy.ran[-1] == 300
+  assert all(n > 300 for n in lazy.ran[:-1])  # every run before the last failed
+  assert any(t.outcome == search.OOM_RUN for t in got.trials)
+
+
+def test_a_resumed_forecast_fit_is_compiled_and_run_here_before_it_is_the_max():
+  p = FakeProgram(a=0, b=10)
+  known = [_earlier(361, search.FITS, 3610), _earlier(362, search.OOM_PREDICTED, 3620)]
+  known[0].run_s = None  # the earlier run decided it by its forecast only
+  found = search.find_max_batch(p, 3615, known=known, run_every_fit=False)
+  assert found.max_examples == 361 and p.compiled == [361] and p.ran == [361]
+
+
+def test_a_search_that_runs_only_its_max_on_the_tiny_transformer():
+  w = registry.get('bert_base')
+  memory = bench.backend.MemorySetup(None, None, None, False)
+  opts = bench.Options(tiny=True, steps=1, windows=1, warmup_steps=0)
+  every = bench.run(w, opts, memory)
+  lazy = bench.run(w, dataclasses.replace(opts, run_every_fit=False), memory)
+  assert lazy['status'] == every['status'] == 'ok'
+  assert lazy['max_batch'] == every['max_batch']
+  assert lazy['search']['run_every_fit'] is False and every['search']['run_every_fit'] is True
+  ran = [t for t in lazy['search']['trials'] if t['run_s'] is not None]
+  assert [(t['examples'], t['compile_s']) for t in ran] == [(lazy['max_examples'], None)]
+  assert lazy['search']['compiles'] == every['search']['compiles']

@@ -83,6 +83,8 @@ def test_a_resumed_sweep_resumes_runs_from_the_store_once_there_is_one(tmp_path)
   assert '--search_resume' in cmd and f'--search_hints={store_path}' in cmd
   predict = sweep.groups(_cells('predict'))[0]
   assert '--search_resume' not in sweep.command(predict, store_path, ['--search_resume'])
+  assert '--norun_every_fit' in sweep.command([cell], store_path, ['--norun_every_fit'])
+  assert '--norun_every_fit' not in sweep.command(predict, store_path, ['--norun_every_fit'])
 
 
 def test_an_interrupted_cell_is_not_done(tmp_path):
