@@ -286,6 +286,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
     'predicted_peak_bytes': found.best.peak_bytes,
     'process_peak_bytes': m.process_peak_bytes,
     'compile_s': found.best.compile_s,
+    'compile_cached': found.best.cached,  # compile_s was a load from the compilation cache
   }
   if not m.finite:
     # A diverged run measures nothing worth reporting.

@@ -27,6 +27,22 @@ _OOM_PATTERNS = re.compile(
 )
 
 
+# Persistent compilation cache hits so far (--compilation_cache_dir), from JAX's monitoring
+# events: a compile that took its executable from the cache is a load, not a compile.
+_CACHE_HIT_EVENT = '/jax/compilation_cache/cache_hits'
+_cache_hits = 0
+
+
+def _count_cache_hits(event: str, **kwargs: Any) -> None:
+  global _cache_hits
+  del kwargs
+  if event == _CACHE_HIT_EVENT:
+    _cache_hits += 1
+
+
+jax.monitoring.register_event_listener(_count_cache_hits)
+
+
 def is_oom(error: BaseException) -> bool:
   """Whether an exception from compiling or running XLA code is an out-of-memory."""
   return isinstance(error, MemoryError) or bool(_OOM_PATTERNS.search(str(error)))
@@ -47,6 +63,7 @@ class Compiled:
   peak_bytes: int  # predicted device peak: arguments + outputs + temporaries - aliased
   temp_bytes: int
   argument_bytes: int
+  cached: bool = False  # taken from the persistent compilation cache: compile_s was a load
 
 
 class Program:
@@ -80,7 +97,7 @@ class Program:
   def compile(self, n: int) -> Compiled:
     """Lower and compile the step for n examples; raises on failure (OOM included)."""
     batch_shapes = jax.eval_shape(functools.partial(self.trainer.make_batch, n=n), self.rng)
-    start = time.perf_counter()
+    start, hits = time.perf_counter(), _cache_hits
     executable = _interruptible(self._compile, batch_shapes)
     compile_s = time.perf_counter() - start
     mem = _interruptible(executable.memory_analysis)
@@ -104,6 +121,7 @@ class Program:
       peak_bytes=peak,
       temp_bytes=temp,
       argument_bytes=args,
+      cached=_cache_hits > hits,
     )
 
   def _compile(self, batch_shapes):

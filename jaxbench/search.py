@@ -55,6 +55,8 @@ class Trial:
   bytes_in_use_after: int | None = None
   # The timestamp of the earlier run that made this trial (--search_resume); None: this run.
   earlier: str | None = None
+  # The step came from the persistent compilation cache: compile_s is a load, not a compile.
+  cached: bool = False
 
   @property
   def fits(self) -> bool:
@@ -148,6 +150,7 @@ def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase):
     predicted_peak_bytes=compiled.peak_bytes,
     predicted_temp_bytes=compiled.temp_bytes,
     compile_s=round(compiled.compile_s, 3),
+    cached=compiled.cached,
   )
   if budget_bytes is not None and compiled.peak_bytes > budget_bytes and not verify_predicted_oom:
     trial.outcome = OOM_PREDICTED

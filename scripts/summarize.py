@@ -63,6 +63,8 @@ def chain(r: dict) -> str:
       what = 'predicted'
     peak = f" {_gb(t.get('predicted_peak_bytes'))} GB" if t.get('predicted_peak_bytes') else ''
     compile_s = f" ({t['compile_s']:.1f} s)" if t.get('compile_s') is not None else ''
+    if t.get('cached'):
+      compile_s = f" (cache {t['compile_s']:.1f} s)"
     earlier = f" [run of {t['earlier']}]" if t.get('earlier') else ''  # --search_resume
     steps.append(f"{t['batch']:,} {what}{peak}{compile_s}{earlier}")
   head = f"{workload(r)} {r['precision']}, {memory(r)} [{r['status']}]"

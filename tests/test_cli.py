@@ -259,3 +259,28 @@ def test_progress_file_conflicts_are_one_line_and_status_2(tmp_path, args, messa
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and message in lines[0], r.stderr
   assert not (tmp_path / 'p.json').exists()
+
+
+def test_a_step_from_the_compilation_cache_is_marked_as_a_load(tmp_path):
+  """--compilation_cache_dir: the second process loads the step; its compile_s is no compile."""
+  cache = tmp_path / 'cache'
+  trials = []
+  for i in range(2):
+    out = tmp_path / f'r{i}.jsonl'
+    r = jaxbench(
+      '--model=bert_base',
+      '--tiny',
+      '--batch_size=2',
+      '--steps=1',
+      '--windows=1',
+      '--warmup_steps=0',
+      f'--compilation_cache_dir={cache}',
+      f'--output={out}',
+    )
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    (trial,) = result['search']['trials']
+    trials.append(trial)
+    assert result['measurement']['compile_cached'] is trial['cached']
+  assert [t['cached'] for t in trials] == [False, True]
+  assert trials[0]['predicted_peak_bytes'] == trials[1]['predicted_peak_bytes']
