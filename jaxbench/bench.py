@@ -163,7 +163,8 @@ class _Progress:
 def _so_far(w, cfg, opts, result, progress, error: str) -> dict[str, Any]:
   """The result of a run stopped now: status 'interrupted', its trials so far, the largest
   batch that ran as its max. `result` itself is left as it is."""
-  largest = max((t.examples for t in progress.trials if t.fits and not t.earlier), default=0)
+  ran = [t for t in progress.trials if t.fits and t.run_s is not None and not t.earlier]
+  largest = max((t.examples for t in ran), default=0)
   found = dict(result.get('search') or {'mode': 'search' if opts.batch_size is None else 'fixed'})
   trials = progress.trials + ([progress.running] if progress.running else [])
   found.setdefault('trials', [dataclasses.asdict(t) for t in trials])

@@ -512,3 +512,24 @@ def test_a_search_that_runs_only_its_max_on_the_tiny_transformer():
   ran = [t for t in lazy['search']['trials'] if t['run_s'] is not None]
   assert [(t['examples'], t['compile_s']) for t in ran] == [(lazy['max_examples'], None)]
   assert lazy['search']['compiles'] == every['search']['compiles']
+
+
+def test_an_interrupted_search_counts_as_run_only_the_batches_that_ran(monkeypatch):
+  """With --norun_every_fit a fit by forecast has not run: not 'the largest batch that ran'."""
+  real_compile = prog.Program.compile
+  compiles = []
+
+  def compile_then_stop(self, n):
+    compiles.append(n)
+    if len(compiles) == 3:
+      raise KeyboardInterrupt
+    return real_compile(self, n)
+
+  monkeypatch.setattr(prog.Program, 'compile', compile_then_stop)
+  w = registry.get('bert_base')
+  memory = bench.backend.MemorySetup(None, None, None, False)
+  with pytest.raises(bench.Interrupted) as stop:
+    bench.run(w, bench.Options(tiny=True, run_every_fit=False), memory)
+  result = stop.value.result
+  assert [t['outcome'] for t in result['search']['trials']][:1] == ['fits']
+  assert result['max_examples'] == 0
