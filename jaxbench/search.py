@@ -2,10 +2,11 @@
 
 Every probe compiles the jitted step at n examples and reads XLA's compile-time
 memory analysis (the predicted peak). A probe whose prediction exceeds the
-memory budget is out of memory without running; any other is run for real, and
-an XLA RESOURCE_EXHAUSTED (or a cuDNN/cuBLAS allocation failure) at compile or
-run time marks it out of memory. Any other error stops the search and is
-reported as an error, never as an out-of-memory.
+memory budget is out of memory without running; any other is run for real (as
+it is found; or, with run_every_fit off, only the largest fit, once the search
+has closed in on it), and an XLA RESOURCE_EXHAUSTED (or a cuDNN/cuBLAS
+allocation failure) at compile or run time marks it out of memory. Any other
+error stops the search and is reported as an error, never as an out-of-memory.
 
 The peak is close to linear in the batch (peak = a + b * n), so after two
 probes the search jumps to the predicted boundary and then confirms both sides,
