@@ -46,6 +46,22 @@ def with_hints(argv: list[str], results: str) -> list[str]:
   return [a for a in argv if a not in given] + [f'--search_hints={",".join(files)}']
 
 
+def command(argv: list[str], out: str, progress: str) -> list[str]:
+  """The job's jaxbench command: results to OUT/results.jsonl, its progress file (a --predict
+  job, which compiles only and writes each card's prediction as it ends, takes none), aimed by
+  the queue's results so far."""
+  results = os.path.join(out, 'results.jsonl')
+  keep = [] if '--predict' in argv else [f'--progress_file={progress}']
+  return [
+    sys.executable,
+    '-m',
+    'jaxbench.main',
+    f'--output={results}',
+    *keep,
+    *with_hints(argv, results),
+  ]
+
+
 def stop(proc: subprocess.Popen, grace_s: float = GRACE_S, dump_s: float = DUMP_S) -> tuple:
   """End a job at the deadline; returns its exit status and whether it had to be killed.
 
@@ -108,14 +124,7 @@ def main(argv: list[str]) -> None:
         continue
       log = os.path.join(out, f'job{index:02d}.log')
       progress = os.path.join(out, f'job{index:02d}.progress.json')
-      cmd = [
-        sys.executable,
-        '-m',
-        'jaxbench.main',
-        f'--output={out}/results.jsonl',
-        f'--progress_file={progress}',
-        *with_hints(shlex.split(args), os.path.join(out, 'results.jsonl')),
-      ]
+      cmd = command(shlex.split(args), out, progress)
       env = {**os.environ, 'CUDA_VISIBLE_DEVICES': str(gpu), 'PYTHONUNBUFFERED': '1'}
       t0 = time.monotonic()
       with open(log, 'w') as f:
