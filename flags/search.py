@@ -50,8 +50,9 @@ RUN_EVERY_FIT = flags.DEFINE_bool(
   True,
   'Run two steps of every probe whose forecast fits, as it is found. With --norun_every_fit a '
   'fit is decided by its forecast and only the largest one runs, once the search has closed in '
-  'on it (should it fail, the search goes on below it): for workloads whose first step costs '
-  'minutes of host work at every new batch (bf16 nasnet_large and deeplabv3 on the H200).',
+  'on it. Should it fail, the forecast was wrong there: the search goes on below it and every '
+  'later fit runs as it is found. For workloads whose first step costs minutes of host work at '
+  'every new batch (bf16 nasnet_large and deeplabv3 on the H200).',
 )
 MAX_EXAMPLES = flags.DEFINE_integer(
   'max_examples', 1 << 20, 'Stop the search at this many examples per batch.'

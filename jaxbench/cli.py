@@ -76,6 +76,11 @@ def plan(f) -> Plan:
     )
   if not getattr(f, 'run_every_fit', True) and f.batch_size is not None:
     raise UsageError('--norun_every_fit is for searches: a fixed --batch_size runs its one batch')
+  if not getattr(f, 'run_every_fit', True) and f.verify_predicted_oom:
+    raise UsageError(
+      '--norun_every_fit decides fits by their forecast, --verify_predicted_oom runs what the '
+      'forecast rules out: give one of them'
+    )
   if f.steps < f.windows:
     raise UsageError(f'--steps ({f.steps}) must be at least --windows ({f.windows})')
   if f.batch_size is not None and f.batch_size <= 0:

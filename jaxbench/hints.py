@@ -82,13 +82,15 @@ def decided(paths: Iterable[str], head: dict[str, Any], budget: int | None) -> l
   memory: the same --memory_limit_gb and the same device pool. A forecast is judged again
   against this run's `budget`: a trial that fitted, or was predicted out of memory, by its
   forecast under a budget a few bytes apart is dropped where the verdict would now differ.
-  Trials that stopped with an error or were cut in their run decide nothing. Where two runs
-  tried the same batch the later record wins. Each trial's `earlier` is its run's timestamp.
+  Trials that stopped with an error or were cut in their run decide nothing. Each trial's
+  `earlier` is its run's timestamp; where two runs disagree (the same batch, or a fit above a
+  failure) the later run's trial wins and the earlier one is dropped, so what is returned is
+  consistent: every fit below every failure.
   """
   from jaxbench import search  # pylint: disable=g-import-not-at-top  (JAX: only where resumed)
 
   want, memory = program_key(head), _memory(head)
-  found: dict[int, search.Trial] = {}
+  timed: list[tuple[str, int, search.Trial]] = []  # (its run's time, read order, trial)
   fields = {f.name for f in dataclasses.fields(search.Trial)}
   for path in paths:
     records, _ = store.read(path)
@@ -106,5 +108,12 @@ def decided(paths: Iterable[str], head: dict[str, Any], budget: int | None) -> l
             continue
           if trial.fits and peak > budget:
             continue
-        found[trial.examples] = trial
+        timed.append((trial.earlier or '', len(timed), trial))
+  found: dict[int, search.Trial] = {}
+  for _, _, trial in sorted(timed, key=lambda x: x[:2]):
+    n = trial.examples
+    for m, t in list(found.items()):
+      if (trial.fits and not t.fits and m <= n) or (not trial.fits and t.fits and m >= n):
+        del found[m]
+    found[n] = trial
   return [found[n] for n in sorted(found)]

@@ -276,6 +276,12 @@ def _next_probe(
   return min(max(hi - gallop, mid), hi - 1), 'down'
 
 
+def _forecast_missed(trial: Trial, budget: int | None) -> bool:
+  """Predicted to fit, and out of memory when run: the forecast is wrong at this batch."""
+  peak = trial.predicted_peak_bytes
+  return trial.outcome == OOM_RUN and peak is not None and (budget is None or peak <= budget)
+
+
 def find_max_batch(
   program: prog.Program,
   budget_bytes: int | None,
@@ -303,51 +309,71 @@ def find_max_batch(
   (hints.decided), where this search starts; they are reported with the others.
 
   run_every_fit: each probe predicted to fit runs run_steps steps at once (the default). Without
-  it a fit is first decided by its forecast, and only the largest one runs, once the bracket is
-  closed, as a trial of its own; should it fail, the search goes on below it. For programs whose
-  first step costs minutes of host work per new batch.
+  it a fit is decided by its forecast, and only the largest one runs, once the search has
+  closed in on it, as a trial of its own. For programs whose first step costs minutes of host
+  work at every new batch. Once a forecast has been wrong (a fit by forecast out of memory when
+  run), fits by forecast alone no longer count and every later fit runs as it is found; so too
+  without a budget, or with verify_predicted_oom.
 
   Either way the max returned has run in this search: a largest fit from `known`, or one not
-  yet run, is compiled (where it is not already) and run before the search returns. Should an
-  earlier run's fit fail here, the search stops with an error rather than mix two runs that
-  disagree.
+  yet run, is compiled (where it is not already) and run before the search returns. Should a
+  fit that ran in an earlier run fail here, the search stops with an error rather than mix two
+  runs that disagree.
 
   on_phase: told as each probe starts its compile and its run (see COMPILING).
   """
   if run_steps == 0 and budget_bytes is None:
     raise ValueError('a compile-only search needs a memory budget')
   start = time.perf_counter()
-  trials: list[Trial] = list(known or [])
-  best: prog.Compiled | None = None  # the compiled step at lo, where this search compiled it
+  # Earlier fits above the cap would make a max the cap forbids.
+  trials = [t for t in known or [] if not (t.fits and t.examples > max_examples)]
+  # Fits by forecast alone count until a forecast has been wrong.
+  distrust = any(_forecast_missed(t, budget_bytes) for t in trials)
+  lazy = not run_every_fit and budget_bytes is not None and not verify_predicted_oom
+  best: prog.Compiled | None = None  # the compiled step at the largest fit, if compiled here
   ran = False  # whether `best` has run in this search
-  # The largest n known to fit, the smallest known not to.
-  lo = max((t.examples for t in trials if t.fits), default=0)
-  hi = min((t.examples for t in trials if t.outcome in DECIDED and not t.fits), default=None)
-  if hi is not None and hi <= lo:
-    raise ValueError(f'the earlier trials disagree: {lo} examples fit, {hi} did not')
   gallop, direction, line_missed = 1, None, False
-  probe_steps = run_steps if run_every_fit else 0
+
+  def deciding() -> list[Trial]:
+    return [t for t in trials if not (distrust and t.fits and t.run_s is None)]
+
+  def bracket() -> tuple[int, int | None]:
+    """The largest n known to fit and the smallest known not to."""
+    ts = deciding()
+    lo = max((t.examples for t in ts if t.fits), default=0)
+    hi = min((t.examples for t in ts if t.outcome in DECIDED and not t.fits), default=None)
+    return lo, hi if hi is None or hi <= max_examples else None  # above the cap: the cap bounds
+
+  def closed(lo: int, hi: int | None) -> bool:
+    return (hi is not None and hi - lo <= max(1, int(tolerance * lo))) or lo >= max_examples
 
   def result(error: str | None = None) -> Result:
+    lo, hi = bracket()
+    if error is not None and run_steps:  # the largest batch that ran in this search
+      lo = max(
+        (t.examples for t in trials if t.fits and t.run_s is not None and not t.earlier), default=0
+      )
     # Stopped by the cap rather than by a failure just above: the max is only a lower bound.
     capped = error is None and lo >= max_examples and (hi is None or hi > lo + 1)
     return Result(lo, trials, time.perf_counter() - start, budget_bytes, best, error, capped)
 
-  def done() -> bool:
-    return (hi is not None and hi - lo <= max(1, int(tolerance * lo))) or lo >= max_examples
-
   def record(trial: Trial) -> None:
+    nonlocal distrust
     trials.append(trial)
+    distrust = distrust or _forecast_missed(trial, budget_bytes)
     if on_trial:
       on_trial(trial)
 
-  if trials:
-    n, direction = _next_probe(trials, budget_bytes, lo, hi, max_examples, gallop, False, hints)
+  lo, hi = bracket()
+  if hi is not None and hi <= lo:
+    raise ValueError(f'the earlier trials disagree: {lo} examples fit, {hi} did not')
+  if lo or hi is not None:
+    n, direction = _next_probe(deciding(), budget_bytes, lo, hi, max_examples, 1, False, hints)
   else:
     aimed = _line_guess([], budget_bytes, 0, None, hints) if hints else None
     n = min(max(aimed, 1), max_examples) if aimed is not None else 1
   while True:
-    if done():
+    if closed(lo, hi):
       if lo == 0 or run_steps == 0 or (best is not None and best.n == lo and ran):
         return result()
       # The largest fit has not run in this search: run it (compiled first where needed).
@@ -363,31 +389,34 @@ def find_max_batch(
       if trial.fits:
         best, ran = compiled, True
         continue
-      if any(t.earlier and t.fits and t.examples == lo for t in trials):
-        best = None
-        return result(f'{lo} examples fit in an earlier run and not in this one ({trial.outcome})')
-      # Predicted to fit, out of memory when run: the boundary is below.
-      hi, best, ran = lo, None, False
-      lo = max((t.examples for t in trials if t.fits and t.examples < hi), default=0)
-      if done():
+      if any(t.earlier and t.fits and t.run_s is not None and t.examples == lo for t in trials):
+        return result(f'{lo} examples ran in an earlier run and not in this one ({trial.outcome})')
+      # Out of memory although its forecast fitted: from here on every fit runs, and the
+      # line through the forecasts is not trusted near this boundary.
+      best, ran = None, False
+      gallop, direction, line_missed = 1, None, True
+      lo, hi = bracket()
+      if closed(lo, hi):
         continue
-      n, direction = _next_probe(trials, budget_bytes, lo, hi, max_examples, 1, True, hints)
-    trial, compiled = probe(program, n, budget_bytes, probe_steps, verify_predicted_oom, on_phase)
+      n, direction = _next_probe(
+        deciding(), budget_bytes, lo, hi, max_examples, gallop, line_missed, hints
+      )
+    steps = 0 if lazy and not distrust else run_steps
+    trial, compiled = probe(program, n, budget_bytes, steps, verify_predicted_oom, on_phase)
     record(trial)
     if trial.outcome == ERROR:
       return result(trial.detail)
     if trial.fits:
-      lo, best, ran = n, compiled, probe_steps > 0
-    else:
-      hi = n if hi is None else min(hi, n)
-    if done():
+      best, ran = compiled, steps > 0
+    lo, hi = bracket()
+    if closed(lo, hi):
       continue
     # A gallop that stayed on its side (up and fitting, down and failing) doubles its step.
     kept_going = (direction == 'up' and trial.fits) or (direction == 'down' and not trial.fits)
     gallop = 2 * gallop if kept_going else 1
     line_missed = line_missed or (direction is not None and not kept_going)
     n, direction = _next_probe(
-      trials, budget_bytes, lo, hi, max_examples, gallop, line_missed, hints
+      deciding(), budget_bytes, lo, hi, max_examples, gallop, line_missed, hints
     )
-    if n <= lo or (hi is not None and n >= hi) or n in {t.examples for t in trials}:
+    if n <= lo or (hi is not None and n >= hi) or n in {t.examples for t in deciding()}:
       return result(f'search stalled at {n} (fits {lo}, fails {hi})')

@@ -46,12 +46,24 @@ def with_hints(argv: list[str], results: str) -> list[str]:
   return [a for a in argv if a not in given] + [f'--search_hints={",".join(files)}']
 
 
+def _predicts(argv: list[str]) -> bool:
+  """Whether the arguments ask for --predict (absl's forms: --predict, --predict=true, ...;
+  the last one given counts)."""
+  on = False
+  for a in argv:
+    if a in ('--predict', '--nopredict'):
+      on = a == '--predict'
+    elif a.startswith('--predict='):
+      on = a.split('=', 1)[1].lower() in ('true', 't', '1', 'yes')
+  return on
+
+
 def command(argv: list[str], out: str, progress: str) -> list[str]:
   """The job's jaxbench command: results to OUT/results.jsonl, its progress file (a --predict
   job, which compiles only and writes each card's prediction as it ends, takes none), aimed by
   the queue's results so far."""
   results = os.path.join(out, 'results.jsonl')
-  keep = [] if '--predict' in argv else [f'--progress_file={progress}']
+  keep = [] if _predicts(argv) else [f'--progress_file={progress}']
   return [
     sys.executable,
     '-m',

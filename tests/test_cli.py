@@ -68,6 +68,7 @@ def started(*args, stderr=subprocess.PIPE):
       '--search_resume is for runs',
     ),
     (['--model=bert_base', '--norun_every_fit', '--batch_size=8'], 'is for searches'),
+    (['--model=bert_base', '--norun_every_fit', '--verify_predicted_oom'], 'give one of them'),
     (['--model=bert_base', '--norun_every_fit', '--predict', '--memory_gb=8'], 'runs nothing'),
     (['--no_such_flag'], 'no_such_flag'),
     ([], '--model'),

@@ -88,4 +88,11 @@ def test_a_predict_job_gets_no_progress_file_and_a_run_job_gets_one(tmp_path):
   assert f'--search_hints=a.jsonl,{out}/results.jsonl' in run
   predict = gpu_queue.command(['--model=bert_base', '--predict', '--gpus=t4'], out, progress)
   assert not any(a.startswith('--progress_file') for a in predict)
+  for flag, predicts in (
+    ('--predict=true', True),
+    ('--predict=false', False),
+    ('--nopredict', False),
+  ):
+    cmd = gpu_queue.command(['--model=bert_base', flag], out, progress)
+    assert any(a.startswith('--progress_file') for a in cmd) is not predicts
   assert f'--output={out}/results.jsonl' in predict

@@ -122,6 +122,17 @@ def test_a_resumed_forecast_is_judged_again_against_this_runs_budget(tmp_path):
   assert [t.examples for t in hints.decided([str(path)], head, budget=1100)] == [10]  # 11 fits now
 
 
+def test_runs_that_disagree_resolve_to_the_later_one(tmp_path):
+  """310 ran out of memory in one run (a flaky workspace failure), 320 ran in a later one: the
+  resumed search starts from the later run, not from a contradiction."""
+  path = tmp_path / 'earlier.jsonl'
+  first = _run('2026-12-01T01:00:00', [_trial(300, 'fits', 300), _trial(310, 'oom_run', 310)])
+  second = _run('2026-12-01T02:00:00', [_trial(320, 'fits', 320), _trial(330, 'oom_run', 330)])
+  path.write_text(json.dumps(second) + '\n' + json.dumps(first) + '\n')  # file order is not time
+  got = hints.decided([str(path)], _run('now', []), budget=None)
+  assert [(t.examples, t.outcome) for t in got] == [(300, 'fits'), (320, 'fits'), (330, 'oom_run')]
+
+
 def test_the_later_record_of_a_batch_wins_and_keeps_its_first_runs_time(tmp_path):
   """A resumed run's record repeats the earlier trials with their own time: still the first."""
   path = tmp_path / 'earlier.jsonl'

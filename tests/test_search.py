@@ -422,12 +422,23 @@ def test_a_search_resumed_at_its_boundary_compiles_and_runs_the_max_once():
   assert p.compiled == [361] and p.ran == [361]
 
 
-def test_a_resumed_fit_that_fails_now_stops_the_search_with_an_error():
+def test_a_resumed_fit_that_ran_and_fails_now_stops_the_search_with_an_error():
   p = FakeProgram(a=0, b=10, run_fails_above=300)
   known = [_earlier(361, search.FITS, 3610), _earlier(362, search.OOM_PREDICTED, 3620)]
+  known[0].run_s = 40.0  # it ran in the earlier run
   found = search.find_max_batch(p, 3615, known=known)
-  assert found.error == '361 examples fit in an earlier run and not in this one (oom_run)'
-  assert found.best is None
+  assert found.error == '361 examples ran in an earlier run and not in this one (oom_run)'
+  assert found.max_examples == 0  # nothing ran in this search
+
+
+def test_a_resumed_fit_by_forecast_that_fails_now_moves_the_search_below_it():
+  """The earlier run was cut before it could run its max (--norun_every_fit): no disagreement,
+  the forecast was wrong there, and the search goes on below with every fit run."""
+  p = FakeProgram(a=0, b=10, run_fails_above=300)
+  known = [_earlier(361, search.FITS, 3610), _earlier(362, search.OOM_PREDICTED, 3620)]
+  found = search.find_max_batch(p, 3615, known=known, run_every_fit=False)
+  assert found.error is None and found.max_examples == 300 and found.best.n == 300
+  assert len(p.ran) <= 12
 
 
 def test_a_resume_where_nothing_fitted_compiles_nothing():
@@ -438,6 +449,7 @@ def test_a_resume_where_nothing_fitted_compiles_nothing():
 
 def test_earlier_trials_that_disagree_are_refused():
   known = [_earlier(10, search.FITS, 100), _earlier(5, search.OOM_RUN, 50)]
+  known[0].run_s = 1.0  # 10 ran, 5 did not (hints.decided keeps only the later of such pairs)
   with pytest.raises(ValueError, match='disagree'):
     search.find_max_batch(FakeProgram(), 1000, known=known)
 
@@ -487,8 +499,7 @@ def test_without_run_every_fit_a_max_that_fails_when_run_moves_the_search_below_
   lazy = FakeProgram(a=0, b=10, run_fails_above=300)
   got = search.find_max_batch(lazy, 3615, run_every_fit=False)
   assert got.max_examples == want.max_examples == 300 and got.error is None
-  assert got.best.n == 300 and lazy.ran[-1] == 300
-  assert all(n > 300 for n in lazy.ran[:-1])  # every run before the last failed
+  assert got.best.n == 300 and 300 in lazy.ran  # the max ran
   assert any(t.outcome == search.OOM_RUN for t in got.trials)
 
 
@@ -533,3 +544,40 @@ def test_an_interrupted_search_counts_as_run_only_the_batches_that_ran(monkeypat
   result = stop.value.result
   assert [t['outcome'] for t in result['search']['trials']][:1] == ['fits']
   assert result['max_examples'] == 0
+
+
+@pytest.mark.parametrize('fails_above', [300, 200, 30])
+def test_a_wrong_forecast_costs_a_lazy_search_no_more_runs_than_running_every_fit(fails_above):
+  """Once the max by forecast fails when run, every later fit runs: the search then costs what a
+  search that runs every fit does (a handful more compiles), not a step down per batch."""
+  default = FakeProgram(a=0, b=10, run_fails_above=fails_above)
+  lazy = FakeProgram(a=0, b=10, run_fails_above=fails_above)
+  want = search.find_max_batch(default, 3615)
+  got = search.find_max_batch(lazy, 3615, run_every_fit=False)
+  assert got.max_examples == want.max_examples == fails_above and got.error is None
+  assert len(lazy.ran) <= len(default.ran) + 2
+  assert len(lazy.compiled) <= len(default.compiled) + 6
+
+
+@pytest.mark.parametrize('budget, verify', [(None, False), (3615, True)])
+def test_a_lazy_search_runs_every_fit_without_a_budget_or_when_verifying_ooms(budget, verify):
+  p = FakeProgram(a=0, b=10, run_fails_above=300)
+  got = search.find_max_batch(
+    p, budget, max_examples=4096, verify_predicted_oom=verify, run_every_fit=False
+  )
+  assert got.max_examples == 300 and got.error is None
+  assert all(t.run_s is not None for t in got.trials if t.outcome != search.OOM_PREDICTED)
+
+
+def test_earlier_fits_above_the_cap_do_not_make_the_max():
+  p = FakeProgram(a=0, b=10)
+  known = [_earlier(361, search.FITS, 3610), _earlier(362, search.OOM_PREDICTED, 3620)]
+  found = search.find_max_batch(p, 3615, max_examples=100, known=known)
+  assert found.max_examples == 100 and found.capped and p.ran[-1] == 100
+
+
+def test_an_error_reports_as_its_max_the_largest_batch_that_ran_in_the_search():
+  p = FakeProgram(a=0, b=10, error_at=362)
+  found = search.find_max_batch(p, 3615, hints={1: 10, 361: 3610}, run_every_fit=False)
+  assert found.error is not None and 'shape mismatch' in found.error
+  assert found.max_examples == 0  # 361 fitted by its forecast only
