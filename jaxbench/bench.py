@@ -252,7 +252,9 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
   result['search'].update(
     trials=[dataclasses.asdict(t) for t in found.trials],
     seconds=round(found.seconds, 2),
-    compiles=sum(t.compile_s is not None and not t.earlier for t in found.trials),
+    # This run's compiles; steps loaded from the compilation cache are counted apart.
+    compiles=sum(t.compile_s is not None and not t.earlier and not t.cached for t in found.trials),
+    cache_loads=sum(t.cached and not t.earlier for t in found.trials),
     capped=found.capped,
   )
   result['max_examples'] = found.max_examples

@@ -45,6 +45,11 @@ def row(r: dict) -> str | None:
     how = f"{len(trials)} (fixed batch)"
   else:
     how = f"{search.get('compiles', len(trials))} / {search.get('seconds') or 0:.0f} s"
+    if search.get('cache_loads'):
+      how += f" (+{search['cache_loads']} from the cache)"
+    earlier = sum(1 for t in trials if t.get('earlier'))
+    if earlier:
+      how += f' (+{earlier} trials of earlier runs)'
   tol = search.get('tolerance') or 0
   return (
     f"| {workload(r)} | {r['precision']} | {memory(r)} | {r['max_batch']:,} {r['unit']} "

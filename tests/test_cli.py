@@ -265,7 +265,7 @@ def test_progress_file_conflicts_are_one_line_and_status_2(tmp_path, args, messa
 def test_a_step_from_the_compilation_cache_is_marked_as_a_load(tmp_path):
   """--compilation_cache_dir: the second process loads the step; its compile_s is no compile."""
   cache = tmp_path / 'cache'
-  trials = []
+  trials, results = [], []
   for i in range(2):
     out = tmp_path / f'r{i}.jsonl'
     r = jaxbench(
@@ -282,6 +282,8 @@ def test_a_step_from_the_compilation_cache_is_marked_as_a_load(tmp_path):
     result = json.loads(out.read_text())
     (trial,) = result['search']['trials']
     trials.append(trial)
+    results.append(result)
     assert result['measurement']['compile_cached'] is trial['cached']
   assert [t['cached'] for t in trials] == [False, True]
+  assert [r['search'][k] for r in results for k in ('compiles', 'cache_loads')] == [1, 0, 0, 1]
   assert trials[0]['predicted_peak_bytes'] == trials[1]['predicted_peak_bytes']
