@@ -26,6 +26,17 @@ def jaxbench(*args, timeout=600):
   )
 
 
+# A run that ends in seconds on the CPU: tiny BERT, a fixed batch, one timed step.
+TINY_FIXED_BATCH = (
+  '--model=bert_base',
+  '--tiny',
+  '--batch_size=2',
+  '--steps=1',
+  '--windows=1',
+  '--warmup_steps=0',
+)
+
+
 def started(*args, stderr=subprocess.PIPE):
   """A tiny jaxbench run in the background, its stdout a line-buffered text pipe."""
   return subprocess.Popen(
@@ -223,16 +234,7 @@ def test_a_killed_run_leaves_its_trials_in_the_progress_file(tmp_path):
 
 def test_a_run_that_ends_removes_its_progress_file(tmp_path):
   out, progress = tmp_path / 'r.jsonl', tmp_path / 'p.json'
-  r = jaxbench(
-    '--model=bert_base',
-    '--tiny',
-    '--batch_size=2',
-    '--steps=1',
-    '--windows=1',
-    '--warmup_steps=0',
-    f'--output={out}',
-    f'--progress_file={progress}',
-  )
+  r = jaxbench(*TINY_FIXED_BATCH, f'--output={out}', f'--progress_file={progress}')
   assert r.returncode == 0, r.stderr
   assert json.loads(out.read_text())['status'] == 'ok'
   assert not progress.exists() and not list(tmp_path.glob('p.json.tmp*'))
@@ -268,16 +270,7 @@ def test_a_step_from_the_compilation_cache_is_marked_as_a_load(tmp_path):
   trials, results = [], []
   for i in range(2):
     out = tmp_path / f'r{i}.jsonl'
-    r = jaxbench(
-      '--model=bert_base',
-      '--tiny',
-      '--batch_size=2',
-      '--steps=1',
-      '--windows=1',
-      '--warmup_steps=0',
-      f'--compilation_cache_dir={cache}',
-      f'--output={out}',
-    )
+    r = jaxbench(*TINY_FIXED_BATCH, f'--compilation_cache_dir={cache}', f'--output={out}')
     assert r.returncode == 0, r.stderr
     result = json.loads(out.read_text())
     (trial,) = result['search']['trials']
