@@ -25,43 +25,19 @@ from typing import Callable
 
 from jaxbench import program as prog
 
-FITS, OOM_PREDICTED, OOM_COMPILE, OOM_RUN, ERROR = (
-  'fits',
-  'oom_predicted',
-  'oom_compile',
-  'oom_run',
-  'error',
-)
-# A probe that compiled (its forecast is known) and was stopped during its run: only in the
-# record of an interrupted run, never decided.
-UNFINISHED = 'unfinished'
-DECIDED = (FITS, OOM_PREDICTED, OOM_COMPILE, OOM_RUN)
-
-
-@dataclasses.dataclass
-class Trial:
-  """One probe of the search, as reported."""
-
-  examples: int
-  batch: int  # in the workload's batch unit
-  outcome: str  # one of DECIDED, ERROR or UNFINISHED
-  predicted_peak_bytes: int | None = None
-  predicted_temp_bytes: int | None = None  # XLA's temporaries (activations and the like)
-  compile_s: float | None = None
-  run_s: float | None = None
-  detail: str = ''
-  process_peak_bytes: int | None = None  # the allocator's peak so far (GPU only)
-  # Device bytes still in use after the trial was released: equal before and
-  # after every trial when nothing leaks (GPU only).
-  bytes_in_use_after: int | None = None
-  # The timestamp of the earlier run that made this trial (--search_resume); None: this run.
-  earlier: str | None = None
-  # The step came from the persistent compilation cache: compile_s is a load, not a compile.
-  cached: bool = False
-
-  @property
-  def fits(self) -> bool:
-    return self.outcome == FITS
+# The probe's names, used by the search's callers as search.X.
+from jaxbench.probe import COMPILING as COMPILING
+from jaxbench.probe import DECIDED as DECIDED
+from jaxbench.probe import ERROR as ERROR
+from jaxbench.probe import FITS as FITS
+from jaxbench.probe import OOM_COMPILE as OOM_COMPILE
+from jaxbench.probe import OOM_PREDICTED as OOM_PREDICTED
+from jaxbench.probe import OOM_RUN as OOM_RUN
+from jaxbench.probe import RUNNING as RUNNING
+from jaxbench.probe import UNFINISHED as UNFINISHED
+from jaxbench.probe import PhaseCallback as PhaseCallback
+from jaxbench.probe import Trial as Trial
+from jaxbench.probe import forecast_missed, probe, verify
 
 
 @dataclasses.dataclass
@@ -74,117 +50,6 @@ class Result:
   error: str | None = None
   # The search reached its max_examples with nothing failing: max_examples is a lower bound.
   capped: bool = False
-
-
-# on_phase(n, COMPILING, None) as a probe's compile starts, on_phase(n, RUNNING, trial) as its
-# run starts, the trial holding its compile time and forecast: for a log that shows where a long
-# search is (either can take minutes on a GPU), and for the record of a run stopped there.
-COMPILING, RUNNING = 'compiling', 'running'
-PhaseCallback = Callable[[int, str, 'Trial | None'], None]
-
-
-def _no_phase(n: int, phase: str, trial: 'Trial | None') -> None:
-  del n, phase, trial
-
-
-def probe(
-  program: prog.Program,
-  n: int,
-  budget_bytes: int | None,
-  run_steps: int = 2,
-  verify_predicted_oom: bool = False,
-  on_phase: PhaseCallback | None = None,
-) -> tuple[Trial, prog.Compiled | None]:
-  """Compile (and unless predicted out of memory, or run_steps is 0, run) the step at n
-  examples. Returns the trial and, where it fits, the compiled step."""
-  trial, compiled = _probe(
-    program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase or _no_phase
-  )
-  _after(trial)
-  return trial, compiled
-
-
-def verify(
-  program: prog.Program,
-  compiled: prog.Compiled,
-  budget_bytes: int | None,
-  run_steps: int = 2,
-  on_phase: PhaseCallback | None = None,
-) -> Trial:
-  """Run a step compiled earlier in this search (and predicted to fit), as its own trial: one
-  with a run and no compile."""
-  n = compiled.n
-  trial = Trial(
-    n,
-    n * program.workload.example_size(program.cfg),
-    FITS,
-    predicted_peak_bytes=compiled.peak_bytes,
-    predicted_temp_bytes=compiled.temp_bytes,
-  )
-  _run(program, compiled, trial, budget_bytes, run_steps, on_phase or _no_phase)
-  _after(trial)
-  return trial
-
-
-def _after(trial: Trial) -> None:
-  stats = prog.device_memory()
-  if stats:
-    trial.bytes_in_use_after = stats.get('bytes_in_use')
-
-
-def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase):
-  batch = n * program.workload.example_size(program.cfg)
-  on_phase(n, COMPILING, None)
-  try:
-    compiled = program.compile(n)
-  except Exception as e:  # pylint: disable=broad-except
-    outcome = OOM_COMPILE if prog.is_oom(e) else ERROR
-    detail = prog.first_line(e)
-    e.__traceback__ = None  # the traceback would pin the failed trial's buffers
-    del e
-    prog.release()
-    return Trial(n, batch, outcome, detail=detail), None
-  trial = Trial(
-    n,
-    batch,
-    FITS,
-    predicted_peak_bytes=compiled.peak_bytes,
-    predicted_temp_bytes=compiled.temp_bytes,
-    compile_s=round(compiled.compile_s, 3),
-    cached=compiled.cached,
-  )
-  if budget_bytes is not None and compiled.peak_bytes > budget_bytes and not verify_predicted_oom:
-    trial.outcome = OOM_PREDICTED
-    trial.detail = (
-      f'predicted peak {compiled.peak_bytes / 1e9:.3f} GB > budget {budget_bytes / 1e9:.3f} GB'
-    )
-    return trial, None
-  if run_steps == 0:
-    return trial, compiled  # compile-only: fits means "predicted to fit" (run_s None)
-  _run(program, compiled, trial, budget_bytes, run_steps, on_phase)
-  return trial, compiled if trial.fits else None
-
-
-def _run(program, compiled, trial, budget_bytes, run_steps, on_phase) -> None:
-  """Run `compiled` for run_steps steps from a fresh state; the outcome goes into `trial`."""
-  on_phase(trial.examples, RUNNING, dataclasses.replace(trial, outcome=UNFINISHED))
-  start = time.perf_counter()
-  try:
-    program.run(compiled, run_steps)
-  except Exception as e:  # pylint: disable=broad-except
-    trial.outcome = OOM_RUN if prog.is_oom(e) else ERROR
-    trial.detail = prog.first_line(e)
-    e.__traceback__ = None
-    del e
-    prog.release()
-  # Not in a `finally`: after a KeyboardInterrupt the abandoned run may still hold the device,
-  # and the interrupted search must write its result without waiting on the allocator.
-  trial.run_s = round(time.perf_counter() - start, 3)
-  stats = prog.device_memory()
-  trial.process_peak_bytes = stats.get('peak_bytes_in_use') if stats else None
-  if trial.fits and budget_bytes is not None and compiled.peak_bytes > budget_bytes:
-    trial.outcome = OOM_PREDICTED  # ran anyway (verify_predicted_oom) but over the budget
-    trial.detail = 'ran although predicted over budget; the budget is the limit that counts'
 
 
 def _line_guess(
@@ -276,12 +141,6 @@ def _next_probe(
   return min(max(hi - gallop, mid), hi - 1), 'down'
 
 
-def _forecast_missed(trial: Trial, budget: int | None) -> bool:
-  """Predicted to fit, and out of memory when run: the forecast is wrong at this batch."""
-  peak = trial.predicted_peak_bytes
-  return trial.outcome == OOM_RUN and peak is not None and (budget is None or peak <= budget)
-
-
 def find_max_batch(
   program: prog.Program,
   budget_bytes: int | None,
@@ -328,7 +187,7 @@ def find_max_batch(
   # Earlier fits above the cap would make a max the cap forbids.
   trials = [t for t in known or [] if not (t.fits and t.examples > max_examples)]
   # Fits by forecast alone count until a forecast has been wrong.
-  distrust = any(_forecast_missed(t, budget_bytes) for t in trials)
+  distrust = any(forecast_missed(t, budget_bytes) for t in trials)
   lazy = not run_every_fit and budget_bytes is not None and not verify_predicted_oom
   best: prog.Compiled | None = None  # the compiled step at the largest fit, if compiled here
   ran = False  # whether `best` has run in this search
@@ -360,7 +219,7 @@ def find_max_batch(
   def record(trial: Trial) -> None:
     nonlocal distrust
     trials.append(trial)
-    distrust = distrust or _forecast_missed(trial, budget_bytes)
+    distrust = distrust or forecast_missed(trial, budget_bytes)
     if on_trial:
       on_trial(trial)
 
