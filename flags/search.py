@@ -43,7 +43,10 @@ SEARCH_RESUME = flags.DEFINE_bool(
   'memory (the same workload, precision, config, JAX version, XLA flags, device kind, '
   '--memory_limit_gb and device pool): their fits and out-of-memory outcomes decide, each kept '
   'with the time of its run, so that a search whose compiles take minutes can span several '
-  'processes. The batch found is compiled and run again before it is timed.',
+  'processes. The batch found is compiled and run again before it is timed. With --predict, '
+  'every earlier forecast of the same program compiled the same way (on the device, or for the '
+  'same --compile_for target) is known at any card\'s cap, and only what those leave open is '
+  'compiled.',
 )
 RUN_EVERY_FIT = flags.DEFINE_bool(
   'run_every_fit',

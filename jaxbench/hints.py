@@ -12,6 +12,12 @@ With --search_resume the trials of earlier runs of the same program under the sa
 also decide (decided(), below): a search whose compiles take minutes each can then go on in a
 new process where an earlier one was stopped, each trial keeping the time of the run that made
 it, and the reported batch is compiled and run again before it is timed.
+
+A forecast is a fact about the compiled program, not about the memory it ran under, so a
+compile-only prediction (--predict --search_resume) takes every earlier forecast of the same
+program compiled the same way (forecasts(), below) as known, at any card's cap: seen on the
+H200, seven batches compiled again in a later session (bert_base, deeplabv3, nasnet_large,
+mask_rcnn, pix2pixhd) forecast the same bytes each time.
 """
 
 import dataclasses
@@ -117,3 +123,22 @@ def decided(paths: Iterable[str], head: dict[str, Any], budget: int | None) -> l
         del found[m]
     found[n] = trial
   return [found[n] for n in sorted(found)]
+
+
+def forecasts(paths: Iterable[str], head: dict[str, Any]) -> dict[int, tuple[int, str | None]]:
+  """n -> (predicted peak bytes, its run's timestamp) from every trial in `paths` that compiled
+  the same program (program_key) the same way: on the device, or for the same target without
+  one (device.deviceless), as `head` is. A forecast holds whatever memory its run had, so the
+  memory cap is not compared; a step loaded from the compilation cache forecasts what its
+  compile did. Later records win where two give the same n."""
+  want, deviceless = program_key(head), bool((head.get('device') or {}).get('deviceless'))
+  found: dict[int, tuple[int, str | None]] = {}
+  for path in paths:
+    records, _ = store.read(path)
+    for r in records:
+      if program_key(r) != want or bool((r.get('device') or {}).get('deviceless')) != deviceless:
+        continue
+      for t in (r.get('search') or {}).get('trials') or []:
+        if t.get('predicted_peak_bytes'):
+          found[int(t['examples'])] = (int(t['predicted_peak_bytes']), t.get('earlier') or r.get('timestamp'))
+  return found

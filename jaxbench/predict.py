@@ -6,6 +6,12 @@ within the cap. One workload's compiles are shared by all cards (a memo keyed by
 so predicting eight cards costs little more than predicting the largest. The prediction is
 for the backend it compiles on: run it on a GPU to predict GPUs (XLA:CPU plans memory
 differently).
+
+With --search_resume the forecasts of earlier compiles of the same program, compiled the same
+way (hints.forecasts), are known without compiling: each card's search starts from them and
+compiles only what they leave open, so a prediction cut at a deadline goes on where it stopped,
+and the batches an earlier search compiled near a card's cap (a 24 GB run's boundary) cost
+nothing.
 """
 
 import dataclasses
@@ -66,8 +72,10 @@ def predict(
     'params': program.param_counts(),
   }
   peaks, matched = hints.load(opts.search_hints, header)
+  earlier = hints.forecasts(opts.search_hints, header) if opts.search_resume else {}
   for gpu in sorted(gpus, key=lambda g: g.cap_bytes):
     start, compiles = time.perf_counter(), memo.compiles
+    known = known_trials(earlier, gpu.cap_bytes, w.example_size(cfg), opts.max_examples)
     found = search.find_max_batch(
       memo,
       gpu.cap_bytes,
@@ -75,6 +83,7 @@ def predict(
       run_steps=0,
       tolerance=opts.search_tolerance,
       hints=peaks,
+      known=known,
     )
     fits = [t for t in found.trials if t.fits and t.examples == found.max_examples]
     result = {
@@ -94,6 +103,11 @@ def predict(
         'seconds': round(time.perf_counter() - start, 2),
         'compiles': memo.compiles - compiles,
         'capped': found.capped,
+        **(
+          {'resumed': {'trials': len(known), 'runs': sorted({t.earlier for t in known})}}
+          if opts.search_resume
+          else {}
+        ),
       },
       'max_examples': found.max_examples,
       'max_batch': found.max_examples * w.example_size(cfg),
@@ -109,6 +123,38 @@ def predict(
     emulation.annotate(result, gpu, opts.overrides, mode='predict')
     log(line(result))
     yield result
+
+
+def known_trials(
+  earlier: dict[int, tuple[int, str | None]], cap: int, example_size: int, max_examples: int
+) -> list[search.Trial]:
+  """Earlier forecasts (n -> (peak, its run's time)) as one card's decided trials: a fit where
+  the peak is within `cap`, else predicted out of memory.
+
+  Taken in increasing n up to the first one over the cap: a forecast that is not monotone in
+  the batch (transformer_big's, near some batches) could otherwise put a fit above a failure,
+  and the search's bracket needs every fit below every failure. Fits above max_examples are
+  left to the cap.
+  """
+  trials = []
+  for n in sorted(earlier):
+    peak, when = earlier[n]
+    fits = peak <= cap
+    if fits and n > max_examples:
+      break
+    trials.append(
+      search.Trial(
+        examples=n,
+        batch=n * example_size,
+        outcome=search.FITS if fits else search.OOM_PREDICTED,
+        predicted_peak_bytes=peak,
+        detail='' if fits else f'predicted peak {peak / 1e9:.3f} GB > budget {cap / 1e9:.3f} GB',
+        earlier=when,
+      )
+    )
+    if not fits:
+      break
+  return trials
 
 
 def line(r: dict[str, Any]) -> str:

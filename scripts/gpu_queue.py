@@ -17,7 +17,14 @@ docs/results/ table rows (scripts/summarize.py). Where nvidia-smi exists, OUT/gp
 logs each GPU's clocks, power and throttle reasons once a second. Used for the runs behind
 docs/results/.
 
-  python3 scripts/gpu_queue.py JOBS OUT DEADLINE_S [GPUS]
+SLOTS > 1 runs that many jobs on each GPU at once, for compile-only jobs (--predict): a compile
+is mostly host work (LLVM, cuDNN's plan building) with short bursts of autotuning on the GPU,
+and the machine's cores would otherwise sit idle. Such jobs start with
+XLA_PYTHON_CLIENT_PREALLOCATE=false, so that each takes only the memory its autotuning needs
+(a forecast is the compiler's and does not depend on the pool); a queue with SLOTS > 1 refuses
+any job that would run a step.
+
+  python3 scripts/gpu_queue.py JOBS OUT DEADLINE_S [GPUS] [SLOTS]
 """
 
 import os
@@ -115,10 +122,14 @@ def recover(progress: str, results: str, how: str) -> bool:
 def main(argv: list[str]) -> None:
   jobs_file, out, deadline_s = argv[1], argv[2], float(argv[3])
   gpus = int(argv[4]) if len(argv) > 4 else 1
+  slots = int(argv[5]) if len(argv) > 5 else 1
   start = time.monotonic()
   os.makedirs(out, exist_ok=True)
   with open(jobs_file) as f:
     queue = [line.strip() for line in f if line.strip() and not line.lstrip().startswith('#')]
+  runs = [args for args in queue if not _predicts(shlex.split(args))]
+  if slots > 1 and runs:
+    sys.exit(f'gpu_queue: {slots} jobs a GPU are for --predict jobs only; this one runs: {runs[0]}')
   lock = threading.Lock()
   summary = []
 
@@ -138,6 +149,8 @@ def main(argv: list[str]) -> None:
       progress = os.path.join(out, f'job{index:02d}.progress.json')
       cmd = command(shlex.split(args), out, progress)
       env = {**os.environ, 'CUDA_VISIBLE_DEVICES': str(gpu), 'PYTHONUNBUFFERED': '1'}
+      if slots > 1:  # compile-only jobs sharing the GPU: memory as their autotuning needs it
+        env['XLA_PYTHON_CLIENT_PREALLOCATE'] = 'false'
       t0 = time.monotonic()
       with open(log, 'w') as f:
         f.write(f'# gpu{gpu}: {shlex.join(cmd)}\n')
@@ -175,7 +188,7 @@ def main(argv: list[str]) -> None:
       monitor = subprocess.Popen(
         ['nvidia-smi', f'--query-gpu={query}', '--format=csv', '-l', '1'], stdout=f, stderr=f
       )
-  threads = [threading.Thread(target=worker, args=(g,)) for g in range(gpus)]
+  threads = [threading.Thread(target=worker, args=(g,)) for g in range(gpus) for _ in range(slots)]
   for t in threads:
     t.start()
   for t in threads:

@@ -76,7 +76,7 @@ def started(*args, stderr=subprocess.PIPE):
     ),
     (
       ['--model=bert_base', '--search_resume', '--predict', '--memory_gb=8'],
-      '--search_resume is for runs',
+      '--search_resume goes on with a search',
     ),
     (['--model=bert_base', '--norun_every_fit', '--batch_size=8'], 'is for searches'),
     (['--model=bert_base', '--norun_every_fit', '--verify_predicted_oom'], 'give one of them'),

@@ -96,3 +96,31 @@ def test_a_predict_job_gets_no_progress_file_and_a_run_job_gets_one(tmp_path):
     cmd = gpu_queue.command(['--model=bert_base', flag], out, progress)
     assert any(a.startswith('--progress_file') for a in cmd) is not predicts
   assert f'--output={out}/results.jsonl' in predict
+
+
+def test_slots_share_a_gpu_among_predict_jobs_without_preallocation(tmp_path, monkeypatch):
+  jobs = tmp_path / 'jobs.txt'
+  jobs.write_text('--model=bert_base --predict --gpus=t4\n--model=yolov3 --predict --gpus=t4\n')
+  started = []
+
+  class Job:
+    def __init__(self, cmd, env, **kwargs):
+      started.append((cmd, env))
+
+    def wait(self, timeout=None):
+      return 0
+
+  monkeypatch.setattr(gpu_queue.subprocess, 'Popen', Job)
+  monkeypatch.setattr(gpu_queue.shutil, 'which', lambda name: None)  # no GPU monitor
+  gpu_queue.main(['gpu_queue.py', str(jobs), str(tmp_path / 'q'), '600', '1', '2'])
+  models = sorted(a for cmd, _ in started for a in cmd if a.startswith('--model='))
+  assert models == ['--model=bert_base', '--model=yolov3']
+  assert all(env['CUDA_VISIBLE_DEVICES'] == '0' for _, env in started)
+  assert all(env['XLA_PYTHON_CLIENT_PREALLOCATE'] == 'false' for _, env in started)
+
+
+def test_slots_refuse_a_job_that_runs_a_step(tmp_path):
+  jobs = tmp_path / 'jobs.txt'
+  jobs.write_text('--model=bert_base --predict --gpus=t4\n--model=yolov3 --batch_size=8\n')
+  with pytest.raises(SystemExit, match='for --predict jobs only'):
+    gpu_queue.main(['gpu_queue.py', str(jobs), str(tmp_path / 'q'), '600', '1', '2'])

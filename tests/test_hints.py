@@ -142,3 +142,25 @@ def test_the_later_record_of_a_batch_wins_and_keeps_its_first_runs_time(tmp_path
   path.write_text(json.dumps(first) + '\n' + json.dumps(second) + '\n')
   got = hints.decided([str(path)], _run('now', []), budget=None)
   assert [(t.examples, t.earlier) for t in got] == [(4, 't2'), (5, 't1')]
+
+
+def test_forecasts_are_earlier_compiles_of_the_same_program_compiled_the_same_way(tmp_path):
+  path = tmp_path / 'earlier.jsonl'
+  deviceless = _record(
+    device={'platform': 'gpu', 'kind': 'NVIDIA H200', 'pool_bytes': None, 'deviceless': True},
+    search={'trials': [{'examples': 188, 'predicted_peak_bytes': 23000}]},
+  )
+  later = _record(
+    timestamp='2026-12-01T10:00:00',
+    memory={'limit_bytes': 24 * 10**9},  # another memory cap: forecasts do not depend on it
+    search={'trials': [{'examples': 2, 'predicted_peak_bytes': 1600, 'outcome': 'fits'}]},
+  )
+  lines = [_record(timestamp='2026-11-30T09:00:00'), _record(precision='bf16'), deviceless, later]
+  path.write_text('\n'.join(json.dumps(r) for r in lines) + '\n')
+  on_device = hints.forecasts([str(path)], _record())
+  assert on_device == {
+    1: (1480, '2026-11-30T09:00:00'),
+    188: (23906, '2026-11-30T09:00:00'),  # not the deviceless compile's 23000
+    2: (1600, '2026-12-01T10:00:00'),
+  }
+  assert hints.forecasts([str(path)], deviceless) == {188: (23000, None)}

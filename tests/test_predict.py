@@ -34,3 +34,38 @@ def test_memo_replays_compile_errors_without_compiling_again():
     r = search.find_max_batch(memo, 10**6, run_steps=0)
     assert r.error is not None and 'shape mismatch' in r.error
   assert p.compiled == [1]
+
+
+def test_earlier_forecasts_are_known_at_every_cap_and_save_their_compiles():
+  gib = 2**30
+  fresh = FakeProgram(a=2 * gib, b=50 * 2**20)
+  cards = sorted(catalog.lambda2020(), key=lambda g: g.cap_bytes)
+  memo = predict.PeakMemo(fresh)
+  expected = {g.name: search.find_max_batch(memo, g.cap_bytes, run_steps=0).max_examples for g in cards}
+  # An earlier process compiled the RTX 2060's boundary (66 fits, 67 does not) and one batch.
+  earlier = {n: (fresh.peak(n), '2026-11-30T09:00:00') for n in (1, 66, 67)}
+  again = FakeProgram(a=2 * gib, b=50 * 2**20)
+  memo = predict.PeakMemo(again)
+  for g in cards:
+    known = predict.known_trials(earlier, g.cap_bytes, 1, 1 << 20)
+    r = search.find_max_batch(memo, g.cap_bytes, run_steps=0, known=known)
+    assert r.max_examples == expected[g.name], g.name
+    if g.name == 'rtx_2060':
+      assert [t.examples for t in r.trials] == [1, 66, 67]  # nothing left open: no compile
+      assert all(t.earlier for t in r.trials)
+  assert not {1, 66, 67} & set(again.compiled)
+  assert len(again.compiled) < len(fresh.compiled)
+
+
+def test_known_trials_stop_at_the_first_failure_and_at_the_cap():
+  # Not monotone: 30 is over the cap, 40 under it again (a forecast's bump).
+  earlier = {10: (100, 't'), 20: (200, 't'), 30: (900, 't'), 40: (300, 't')}
+  known = predict.known_trials(earlier, 500, 2, 1 << 20)
+  assert [(t.examples, t.batch, t.outcome) for t in known] == [
+    (10, 20, search.FITS),
+    (20, 40, search.FITS),
+    (30, 60, search.OOM_PREDICTED),
+  ]
+  assert '0.000 GB > budget' in known[-1].detail
+  # A fit beyond --max_examples is left to the cap.
+  assert [t.examples for t in predict.known_trials(earlier, 500, 1, 15)] == [10]
