@@ -20,9 +20,12 @@ docs/results/.
 SLOTS > 1 runs that many jobs on each GPU at once, for compile-only jobs (--predict): a compile
 is mostly host work (LLVM, cuDNN's plan building) with short bursts of autotuning on the GPU,
 and the machine's cores would otherwise sit idle. Such jobs start with
-XLA_PYTHON_CLIENT_PREALLOCATE=false, so that each takes only the memory its autotuning needs
-(a forecast is the compiler's and does not depend on the pool); a queue with SLOTS > 1 refuses
-any job that would run a step.
+XLA_PYTHON_CLIENT_PREALLOCATE=false and XLA_PYTHON_CLIENT_ALLOCATOR=platform, so that each
+takes the memory its autotuning needs only while it needs it (a forecast is the compiler's and
+does not depend on the pool). With the default pooling allocator instead, each job keeps what it
+once took: eight such jobs on one H200 ran it out of memory (session 9), and autotuning then
+failed ("Failed to get configs") or was taken for an out-of-memory compile. A queue with
+SLOTS > 1 refuses any job that would run a step.
 
   python3 scripts/gpu_queue.py JOBS OUT DEADLINE_S [GPUS] [SLOTS]
 """
@@ -151,6 +154,7 @@ def main(argv: list[str]) -> None:
       env = {**os.environ, 'CUDA_VISIBLE_DEVICES': str(gpu), 'PYTHONUNBUFFERED': '1'}
       if slots > 1:  # compile-only jobs sharing the GPU: memory as their autotuning needs it
         env['XLA_PYTHON_CLIENT_PREALLOCATE'] = 'false'
+        env['XLA_PYTHON_CLIENT_ALLOCATOR'] = 'platform'
       t0 = time.monotonic()
       with open(log, 'w') as f:
         f.write(f'# gpu{gpu}: {shlex.join(cmd)}\n')

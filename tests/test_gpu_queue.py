@@ -117,6 +117,7 @@ def test_slots_share_a_gpu_among_predict_jobs_without_preallocation(tmp_path, mo
   assert models == ['--model=bert_base', '--model=yolov3']
   assert all(env['CUDA_VISIBLE_DEVICES'] == '0' for _, env in started)
   assert all(env['XLA_PYTHON_CLIENT_PREALLOCATE'] == 'false' for _, env in started)
+  assert all(env['XLA_PYTHON_CLIENT_ALLOCATOR'] == 'platform' for _, env in started)
 
 
 def test_slots_refuse_a_job_that_runs_a_step(tmp_path):
