@@ -88,7 +88,9 @@ def decided(paths: Iterable[str], head: dict[str, Any], budget: int | None) -> l
   memory: the same --memory_limit_gb and the same device pool. A forecast is judged again
   against this run's `budget`: a trial that fitted, or was predicted out of memory, by its
   forecast under a budget a few bytes apart is dropped where the verdict would now differ.
-  Trials that stopped with an error or were cut in their run decide nothing. Each trial's
+  Trials that stopped with an error or were cut in their run decide nothing, nor do those of a
+  --predict (its fits never ran, and where compile-only jobs shared a GPU, an out-of-memory
+  compile was the neighbours' doing: session 9's call 2). Each trial's
   `earlier` is its run's timestamp; where two runs disagree (the same batch, or a fit above a
   failure) the later run's trial wins and the earlier one is dropped, so what is returned is
   consistent: every fit below every failure.
@@ -103,6 +105,8 @@ def decided(paths: Iterable[str], head: dict[str, Any], budget: int | None) -> l
     for r in records:
       if program_key(r) != want or _memory(r) != memory:
         continue
+      if (r.get('search') or {}).get('mode') == 'predict':
+        continue  # a compile-only search ran nothing: it decides no run's fits
       for t in (r.get('search') or {}).get('trials') or []:
         if t.get('outcome') not in search.DECIDED:
           continue

@@ -17,15 +17,21 @@ docs/results/ table rows (scripts/summarize.py). Where nvidia-smi exists, OUT/gp
 logs each GPU's clocks, power and throttle reasons once a second. Used for the runs behind
 docs/results/.
 
-SLOTS > 1 runs that many jobs on each GPU at once, for compile-only jobs (--predict): a compile
-is mostly host work (LLVM, cuDNN's plan building) with short bursts of autotuning on the GPU,
-and the machine's cores would otherwise sit idle. Such jobs start with
-XLA_PYTHON_CLIENT_PREALLOCATE=false and XLA_PYTHON_CLIENT_ALLOCATOR=platform, so that each
-takes the memory its autotuning needs only while it needs it (a forecast is the compiler's and
-does not depend on the pool). With the default pooling allocator instead, each job keeps what it
-once took: eight such jobs on one H200 ran it out of memory (session 9), and autotuning then
-failed ("Failed to get configs") or was taken for an out-of-memory compile. A queue with
-SLOTS > 1 refuses any job that would run a step.
+SLOTS > 1 runs that many jobs on each GPU at once, for compile-only jobs (--predict): one compile
+alternates host work (code generation, on a few of the machine's cores) with autotuning on the
+GPU, so several at once keep both busier. Six on one H200 (session 9, call 1) kept it busy in 83%
+of the seconds nvidia-smi sampled, each compile taking about 1.2-1.5 times as long as alone (bert_base
+23-31 s against 14-25 s; nasnet_large 91-113 s against 71-91 s). Such jobs start with
+XLA_PYTHON_CLIENT_PREALLOCATE=false and XLA_PYTHON_CLIENT_MEM_FRACTION=0.95/SLOTS: each takes
+the memory its autotuning needs as it goes, and together they cannot take more than the card
+(a forecast is the compiler's and does not depend on the pool: in session 9, twelve batches
+compiled beside five other jobs forecast the same bytes as in their serial runs). Seen on one
+H200 in session 9: six such jobs without a cap ran well (call 1); eight without a cap ran it
+out of memory (call 2: autotuning failed, "Failed to get configs", and some compiles came back
+out of memory, which for a compile-only job is the neighbours' doing, not the program's); XLA's
+platform allocator instead of the pool crashed three of twelve image jobs (SIGSEGV after
+CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, call 3). The cap per job is not yet run on the GPU.
+A queue with SLOTS > 1 refuses any job that would run a step.
 
   python3 scripts/gpu_queue.py JOBS OUT DEADLINE_S [GPUS] [SLOTS]
 """
@@ -45,6 +51,7 @@ from jaxbench import report  # noqa: E402  (results I/O only: no JAX in this pro
 MIN_START_S = 120  # a job started with less time left could not finish a search
 GRACE_S = 60  # after SIGINT at the deadline, before SIGKILL (a step or an init may be in flight)
 DUMP_S = 2  # after a SIGUSR1, for the job's stack dump to reach its log
+SHARED_FRACTION = 0.95  # of the GPU, split among the compile-only jobs that share it
 
 
 def with_hints(argv: list[str], results: str) -> list[str]:
@@ -154,7 +161,7 @@ def main(argv: list[str]) -> None:
       env = {**os.environ, 'CUDA_VISIBLE_DEVICES': str(gpu), 'PYTHONUNBUFFERED': '1'}
       if slots > 1:  # compile-only jobs sharing the GPU: memory as their autotuning needs it
         env['XLA_PYTHON_CLIENT_PREALLOCATE'] = 'false'
-        env['XLA_PYTHON_CLIENT_ALLOCATOR'] = 'platform'
+        env['XLA_PYTHON_CLIENT_MEM_FRACTION'] = f'{SHARED_FRACTION / slots:.4f}'
       t0 = time.monotonic()
       with open(log, 'w') as f:
         f.write(f'# gpu{gpu}: {shlex.join(cmd)}\n')

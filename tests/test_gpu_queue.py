@@ -98,7 +98,8 @@ def test_a_predict_job_gets_no_progress_file_and_a_run_job_gets_one(tmp_path):
   assert f'--output={out}/results.jsonl' in predict
 
 
-def test_slots_share_a_gpu_among_predict_jobs_without_preallocation(tmp_path, monkeypatch):
+def test_slots_share_a_gpu_among_predict_jobs_each_capped_without_preallocation(tmp_path, monkeypatch):
+  monkeypatch.delenv('XLA_PYTHON_CLIENT_ALLOCATOR', raising=False)
   jobs = tmp_path / 'jobs.txt'
   jobs.write_text('--model=bert_base --predict --gpus=t4\n--model=yolov3 --predict --gpus=t4\n')
   started = []
@@ -117,7 +118,8 @@ def test_slots_share_a_gpu_among_predict_jobs_without_preallocation(tmp_path, mo
   assert models == ['--model=bert_base', '--model=yolov3']
   assert all(env['CUDA_VISIBLE_DEVICES'] == '0' for _, env in started)
   assert all(env['XLA_PYTHON_CLIENT_PREALLOCATE'] == 'false' for _, env in started)
-  assert all(env['XLA_PYTHON_CLIENT_ALLOCATOR'] == 'platform' for _, env in started)
+  assert all(env['XLA_PYTHON_CLIENT_MEM_FRACTION'] == '0.4750' for _, env in started)
+  assert all('XLA_PYTHON_CLIENT_ALLOCATOR' not in env for _, env in started)
 
 
 def test_slots_refuse_a_job_that_runs_a_step(tmp_path):

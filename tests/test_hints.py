@@ -99,6 +99,8 @@ def test_resumed_trials_come_from_the_same_program_under_the_same_memory(tmp_pat
     _run('x', [_trial(100, 'fits', 100)], limit=24_000_000_000),  # another --memory_limit_gb
     _run('y', [_trial(101, 'fits', 101)], pool=141_000_000_000),  # another pool
     _run('z', [_trial(102, 'fits', 102)], precision='bf16'),  # another program
+    # A compile-only prediction under the same memory: nothing of it ran.
+    {**_run('p', []), 'search': {'mode': 'predict', 'trials': [_trial(400, 'oom_compile', None)]}},
   ]
   path.write_text(''.join(json.dumps(r) + '\n' for r in runs))
   head = _run('now', [])
