@@ -280,3 +280,21 @@ def test_a_step_from_the_compilation_cache_is_marked_as_a_load(tmp_path):
   assert [t['cached'] for t in trials] == [False, True]
   assert [r['search'][k] for r in results for k in ('compiles', 'cache_loads')] == [1, 0, 0, 1]
   assert trials[0]['predicted_peak_bytes'] == trials[1]['predicted_peak_bytes']
+
+
+def test_a_resumed_prediction_compiles_nothing_an_earlier_one_compiled(tmp_path):
+  """--predict --search_resume: the first prediction's forecasts are known to the second, at the
+  same cards, so it compiles none of them and predicts the same."""
+  first, second = tmp_path / 'first.jsonl', tmp_path / 'second.jsonl'
+  common = ('--model=bert_base', '--tiny', '--predict', '--gpus=rtx_2060,t4', '--max_examples=3')
+  r = jaxbench(*common, f'--output={first}')
+  assert r.returncode == 0, r.stderr
+  r = jaxbench(*common, '--search_resume', f'--search_hints={first}', f'--output={second}')
+  assert r.returncode == 0, r.stderr
+  before = [json.loads(line) for line in first.read_text().splitlines()]
+  after = [json.loads(line) for line in second.read_text().splitlines()]
+  assert sum(x['search']['compiles'] for x in before) >= 2
+  assert [x['search']['compiles'] for x in after] == [0, 0]
+  assert [x['max_batch'] for x in after] == [x['max_batch'] for x in before]
+  assert all(t['earlier'] for x in after for t in x['search']['trials'])
+  assert after[0]['search']['resumed']['trials'] == len(after[0]['search']['trials'])
