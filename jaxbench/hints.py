@@ -16,8 +16,9 @@ it, and the reported batch is compiled and run again before it is timed.
 A forecast is a fact about the compiled program, not about the memory it ran under, so a
 compile-only prediction (--predict --search_resume) takes every earlier forecast of the same
 program compiled the same way (forecasts(), below) as known, at any card's cap: seen on the
-H200, seven batches compiled again in a later session (bert_base, deeplabv3, nasnet_large,
-mask_rcnn, pix2pixhd) forecast the same bytes each time.
+H200, each of 19 batches compiled a second time, in another session, under another cap or
+beside other compile jobs, forecast the same bytes (bert_base, deeplabv3, nasnet_large,
+mask_rcnn, pix2pixhd, yolov3; sessions 3-9).
 """
 
 import dataclasses
@@ -144,5 +145,6 @@ def forecasts(paths: Iterable[str], head: dict[str, Any]) -> dict[int, tuple[int
         continue
       for t in (r.get('search') or {}).get('trials') or []:
         if t.get('predicted_peak_bytes'):
-          found[int(t['examples'])] = (int(t['predicted_peak_bytes']), t.get('earlier') or r.get('timestamp'))
+          when = t.get('earlier') or r.get('timestamp')
+          found[int(t['examples'])] = (int(t['predicted_peak_bytes']), when)
   return found

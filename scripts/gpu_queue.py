@@ -18,9 +18,9 @@ logs each GPU's clocks, power and throttle reasons once a second. Used for the r
 docs/results/.
 
 SLOTS > 1 runs that many jobs on each GPU at once, for compile-only jobs (--predict): one compile
-alternates host work (code generation, on a few of the machine's cores) with autotuning on the
-GPU, so several at once keep both busier. Six on one H200 (session 9, call 1) kept it busy in 83%
-of the seconds nvidia-smi sampled, each compile taking about 1.2-1.5 times as long as alone (bert_base
+alternates host work (code generation) with autotuning on the GPU, so several at once keep both
+busier. Six on one H200 (session 9, call 1) kept it busy in 83% of the seconds nvidia-smi
+sampled, each compile taking about 1.2-1.5 times as long as alone (bert_base
 23-31 s against 14-25 s; nasnet_large 91-113 s against 71-91 s). Such jobs start with
 XLA_PYTHON_CLIENT_PREALLOCATE=false and XLA_PYTHON_CLIENT_MEM_FRACTION=0.95/SLOTS: each takes
 the memory its autotuning needs as it goes, and together they cannot take more than the card

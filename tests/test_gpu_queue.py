@@ -98,7 +98,9 @@ def test_a_predict_job_gets_no_progress_file_and_a_run_job_gets_one(tmp_path):
   assert f'--output={out}/results.jsonl' in predict
 
 
-def test_slots_share_a_gpu_among_predict_jobs_each_capped_without_preallocation(tmp_path, monkeypatch):
+def test_slots_share_a_gpu_among_predict_jobs_each_capped_without_preallocation(
+  tmp_path, monkeypatch
+):
   monkeypatch.delenv('XLA_PYTHON_CLIENT_ALLOCATOR', raising=False)
   jobs = tmp_path / 'jobs.txt'
   jobs.write_text('--model=bert_base --predict --gpus=t4\n--model=yolov3 --predict --gpus=t4\n')

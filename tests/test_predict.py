@@ -41,7 +41,9 @@ def test_earlier_forecasts_are_known_at_every_cap_and_save_their_compiles():
   fresh = FakeProgram(a=2 * gib, b=50 * 2**20)
   cards = sorted(catalog.lambda2020(), key=lambda g: g.cap_bytes)
   memo = predict.PeakMemo(fresh)
-  expected = {g.name: search.find_max_batch(memo, g.cap_bytes, run_steps=0).max_examples for g in cards}
+  expected = {
+    g.name: search.find_max_batch(memo, g.cap_bytes, run_steps=0).max_examples for g in cards
+  }
   # An earlier process compiled the RTX 2060's boundary (66 fits, 67 does not) and one batch.
   earlier = {n: (fresh.peak(n), '2026-11-30T09:00:00') for n in (1, 66, 67)}
   again = FakeProgram(a=2 * gib, b=50 * 2**20)
