@@ -24,7 +24,7 @@ mask_rcnn, pix2pixhd, yolov3; sessions 3-9).
 import dataclasses
 import json
 import re
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from jaxbench import store
 
@@ -58,6 +58,14 @@ def program_key(r: dict[str, Any]) -> str:
   return json.dumps(fields, sort_keys=True, default=str)
 
 
+def _same_program(paths: Iterable[str], head: dict[str, Any]) -> Iterator[dict[str, Any]]:
+  """The records in `paths`, in order, of the program `head` compiles (program_key)."""
+  want = program_key(head)
+  for path in paths:
+    records, _ = store.read(path)
+    yield from (r for r in records if program_key(r) == want)
+
+
 def load(paths: Iterable[str], head: dict[str, Any]) -> tuple[dict[int, int], int]:
   """n -> predicted peak bytes from the matching results in `paths`, and how many matched.
 
@@ -65,16 +73,11 @@ def load(paths: Iterable[str], head: dict[str, Any]) -> tuple[dict[int, int], in
   """
   peaks: dict[int, int] = {}
   matched = 0
-  want = program_key(head)
-  for path in paths:
-    records, _ = store.read(path)
-    for r in records:
-      if program_key(r) != want:
-        continue
-      matched += 1
-      for t in (r.get('search') or {}).get('trials') or []:
-        if t.get('predicted_peak_bytes'):
-          peaks[int(t['examples'])] = int(t['predicted_peak_bytes'])
+  for r in _same_program(paths, head):
+    matched += 1
+    for t in (r.get('search') or {}).get('trials') or []:
+      if t.get('predicted_peak_bytes'):
+        peaks[int(t['examples'])] = int(t['predicted_peak_bytes'])
   return peaks, matched
 
 
@@ -98,28 +101,24 @@ def decided(paths: Iterable[str], head: dict[str, Any], budget: int | None) -> l
   """
   from jaxbench import search  # pylint: disable=g-import-not-at-top  (JAX: only where resumed)
 
-  want, memory = program_key(head), _memory(head)
+  memory = _memory(head)
   timed: list[tuple[str, int, search.Trial]] = []  # (its run's time, read order, trial)
   fields = {f.name for f in dataclasses.fields(search.Trial)}
-  for path in paths:
-    records, _ = store.read(path)
-    for r in records:
-      if program_key(r) != want or _memory(r) != memory:
+  for r in _same_program(paths, head):
+    if _memory(r) != memory or (r.get('search') or {}).get('mode') == 'predict':
+      continue  # another memory; or a compile-only search, which ran nothing
+    for t in (r.get('search') or {}).get('trials') or []:
+      if t.get('outcome') not in search.DECIDED:
         continue
-      if (r.get('search') or {}).get('mode') == 'predict':
-        continue  # a compile-only search ran nothing: it decides no run's fits
-      for t in (r.get('search') or {}).get('trials') or []:
-        if t.get('outcome') not in search.DECIDED:
+      trial = search.Trial(**{k: v for k, v in t.items() if k in fields})
+      trial.earlier = trial.earlier or r.get('timestamp')
+      peak = trial.predicted_peak_bytes
+      if budget is not None and peak is not None:
+        if trial.outcome == search.OOM_PREDICTED and peak <= budget:
           continue
-        trial = search.Trial(**{k: v for k, v in t.items() if k in fields})
-        trial.earlier = trial.earlier or r.get('timestamp')
-        peak = trial.predicted_peak_bytes
-        if budget is not None and peak is not None:
-          if trial.outcome == search.OOM_PREDICTED and peak <= budget:
-            continue
-          if trial.fits and peak > budget:
-            continue
-        timed.append((trial.earlier or '', len(timed), trial))
+        if trial.fits and peak > budget:
+          continue
+      timed.append((trial.earlier or '', len(timed), trial))
   found: dict[int, search.Trial] = {}
   for _, _, trial in sorted(timed, key=lambda x: x[:2]):
     n = trial.examples
@@ -136,15 +135,13 @@ def forecasts(paths: Iterable[str], head: dict[str, Any]) -> dict[int, tuple[int
   one (device.deviceless), as `head` is. A forecast holds whatever memory its run had, so the
   memory cap is not compared; a step loaded from the compilation cache forecasts what its
   compile did. Later records win where two give the same n."""
-  want, deviceless = program_key(head), bool((head.get('device') or {}).get('deviceless'))
+  deviceless = bool((head.get('device') or {}).get('deviceless'))
   found: dict[int, tuple[int, str | None]] = {}
-  for path in paths:
-    records, _ = store.read(path)
-    for r in records:
-      if program_key(r) != want or bool((r.get('device') or {}).get('deviceless')) != deviceless:
-        continue
-      for t in (r.get('search') or {}).get('trials') or []:
-        if t.get('predicted_peak_bytes'):
-          when = t.get('earlier') or r.get('timestamp')
-          found[int(t['examples'])] = (int(t['predicted_peak_bytes']), when)
+  for r in _same_program(paths, head):
+    if bool((r.get('device') or {}).get('deviceless')) != deviceless:
+      continue
+    for t in (r.get('search') or {}).get('trials') or []:
+      if t.get('predicted_peak_bytes'):
+        when = t.get('earlier') or r.get('timestamp')
+        found[int(t['examples'])] = (int(t['predicted_peak_bytes']), when)
   return found
