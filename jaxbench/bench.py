@@ -229,9 +229,21 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       'run_every_fit': opts.run_every_fit,
     }
     known = hints.decided(opts.search_hints, result, budget) if opts.search_resume else []
+    ran = len(known)
+    if opts.search_resume and budget is not None and not opts.verify_predicted_oom:
+      # A forecast is the program's, whatever memory its compile had: every earlier one (a
+      # --predict's too) says what compiling its batch again would find under this budget.
+      # Fits by forecast count only where this search decides fits so (--norun_every_fit).
+      by_forecast = hints.forecast_trials(
+        hints.forecasts(opts.search_hints, result), budget, w.example_size(cfg), opts.max_examples
+      )
+      if opts.run_every_fit:
+        by_forecast = [t for t in by_forecast if not t.fits]
+      known = hints.combined(known, by_forecast)
     if opts.search_resume:
       result['search']['resumed'] = {
         'trials': len(known),
+        'by_forecast': len(known) - ran,
         'runs': sorted({t.earlier for t in known}),
       }
       progress.trials.extend(known)

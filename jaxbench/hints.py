@@ -145,3 +145,58 @@ def forecasts(paths: Iterable[str], head: dict[str, Any]) -> dict[int, tuple[int
         when = t.get('earlier') or r.get('timestamp')
         found[int(t['examples'])] = (int(t['predicted_peak_bytes']), when)
   return found
+
+
+def forecast_trials(
+  earlier: dict[int, tuple[int, str | None]], budget: int, example_size: int, max_examples: int
+) -> list['search.Trial']:
+  """Earlier forecasts (n -> (peak, its run's time), forecasts()) as the trials a search under
+  `budget` would decide by compiling those batches again: a fit by its forecast (not run) where
+  the peak is within the budget, else predicted out of memory.
+
+  Taken in increasing n up to the first one over the budget: a forecast that is not monotone in
+  the batch (transformer_big's, near some batches) could otherwise put a fit above a failure,
+  and the search's bracket needs every fit below every failure. Fits above max_examples are
+  left to the cap.
+  """
+  from jaxbench import search  # pylint: disable=g-import-not-at-top  (JAX: only where resumed)
+
+  trials = []
+  for n in sorted(earlier):
+    peak, when = earlier[n]
+    fits = peak <= budget
+    if fits and n > max_examples:
+      break
+    trials.append(
+      search.Trial(
+        examples=n,
+        batch=n * example_size,
+        outcome=search.FITS if fits else search.OOM_PREDICTED,
+        predicted_peak_bytes=peak,
+        detail='' if fits else f'predicted peak {peak / 1e9:.3f} GB > budget {budget / 1e9:.3f} GB',
+        earlier=when,
+      )
+    )
+    if not fits:
+      break
+  return trials
+
+
+def combined(ran: list['search.Trial'], by_forecast: list['search.Trial']) -> list['search.Trial']:
+  """A resumed run's known trials: those that decided an earlier run under the same memory
+  (decided()) and, where those say nothing, the earlier forecasts of any run judged against this
+  run's budget (forecast_trials()). A forecast trial is dropped at a batch that also ran, and
+  where it would contradict what ran (a fit by forecast at or above a batch that ran out of
+  memory, a failure at or below one that ran), so the result keeps every fit below every
+  failure."""
+  taken = {t.examples for t in ran}
+  fits = [t.examples for t in ran if t.fits]
+  fails = [t.examples for t in ran if not t.fits]
+  kept = [
+    t
+    for t in by_forecast
+    if t.examples not in taken
+    and not (t.fits and fails and t.examples >= min(fails))
+    and not (not t.fits and fits and t.examples <= max(fits))
+  ]
+  return sorted(ran + kept, key=lambda t: t.examples)

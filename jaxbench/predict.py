@@ -75,7 +75,7 @@ def predict(
   earlier = hints.forecasts(opts.search_hints, header) if opts.search_resume else {}
   for gpu in sorted(gpus, key=lambda g: g.cap_bytes):
     start, compiles = time.perf_counter(), memo.compiles
-    known = known_trials(earlier, gpu.cap_bytes, w.example_size(cfg), opts.max_examples)
+    known = hints.forecast_trials(earlier, gpu.cap_bytes, w.example_size(cfg), opts.max_examples)
     found = search.find_max_batch(
       memo,
       gpu.cap_bytes,
@@ -123,38 +123,6 @@ def predict(
     emulation.annotate(result, gpu, opts.overrides, mode='predict')
     log(line(result))
     yield result
-
-
-def known_trials(
-  earlier: dict[int, tuple[int, str | None]], cap: int, example_size: int, max_examples: int
-) -> list[search.Trial]:
-  """Earlier forecasts (n -> (peak, its run's time)) as one card's decided trials: a fit where
-  the peak is within `cap`, else predicted out of memory.
-
-  Taken in increasing n up to the first one over the cap: a forecast that is not monotone in
-  the batch (transformer_big's, near some batches) could otherwise put a fit above a failure,
-  and the search's bracket needs every fit below every failure. Fits above max_examples are
-  left to the cap.
-  """
-  trials = []
-  for n in sorted(earlier):
-    peak, when = earlier[n]
-    fits = peak <= cap
-    if fits and n > max_examples:
-      break
-    trials.append(
-      search.Trial(
-        examples=n,
-        batch=n * example_size,
-        outcome=search.FITS if fits else search.OOM_PREDICTED,
-        predicted_peak_bytes=peak,
-        detail='' if fits else f'predicted peak {peak / 1e9:.3f} GB > budget {cap / 1e9:.3f} GB',
-        earlier=when,
-      )
-    )
-    if not fits:
-      break
-  return trials
 
 
 def line(r: dict[str, Any]) -> str:

@@ -33,6 +33,11 @@ platform allocator instead of the pool crashed three of twelve image jobs (SIGSE
 CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, call 3). The cap per job is not yet run on the GPU.
 A queue with SLOTS > 1 refuses any job that would run a step.
 
+A job line that starts with `[filler]` is a filler: it runs only while other jobs do. Once
+every other job has ended, fillers still running are stopped as at the deadline and those not
+yet started are not started, so that low-priority work (more cards of a table) uses the slots
+the main jobs leave free without holding up what comes after the queue.
+
   python3 scripts/gpu_queue.py JOBS OUT DEADLINE_S [GPUS] [SLOTS]
 """
 
@@ -61,6 +66,17 @@ def with_hints(argv: list[str], results: str) -> list[str]:
   given = [a for a in argv if a.startswith('--search_hints=')]
   files = [f for a in given for f in a.split('=', 1)[1].split(',') if f] + [results]
   return [a for a in argv if a not in given] + [f'--search_hints={",".join(files)}']
+
+
+FILLER = '[filler]'
+
+
+def parse(line: str) -> tuple[str, bool]:
+  """A job line's arguments, and whether it is a filler (the line starts with [filler])."""
+  line = line.strip()
+  if line.startswith(FILLER):
+    return line[len(FILLER) :].strip(), True
+  return line, False
 
 
 def _predicts(argv: list[str]) -> bool:
@@ -136,12 +152,36 @@ def main(argv: list[str]) -> None:
   start = time.monotonic()
   os.makedirs(out, exist_ok=True)
   with open(jobs_file) as f:
-    queue = [line.strip() for line in f if line.strip() and not line.lstrip().startswith('#')]
-  runs = [args for args in queue if not _predicts(shlex.split(args))]
+    queue = [parse(line) for line in f if line.strip() and not line.lstrip().startswith('#')]
+  runs = [args for args, _ in queue if not _predicts(shlex.split(args))]
   if slots > 1 and runs:
     sys.exit(f'gpu_queue: {slots} jobs a GPU are for --predict jobs only; this one runs: {runs[0]}')
   lock = threading.Lock()
   summary = []
+  mains_left = [sum(not filler for _, filler in queue)]
+  has_mains = mains_left[0] > 0  # fillers alone run as ordinary jobs
+  mains_done = threading.Event()  # set once every job that is not a filler has ended
+
+  def wait(proc: subprocess.Popen, left: float, filler: bool) -> int:
+    """The job's exit status; TimeoutExpired at the deadline, or for a filler once every
+    other job has ended."""
+    if not filler or not has_mains:
+      return proc.wait(timeout=left)
+    end = time.monotonic() + left
+    while not mains_done.is_set():
+      try:
+        return proc.wait(timeout=max(0.0, min(1.0, end - time.monotonic())))
+      except subprocess.TimeoutExpired:
+        if time.monotonic() >= end:
+          raise
+    raise subprocess.TimeoutExpired(proc.args, left)
+
+  def ended(filler: bool) -> None:
+    if not filler:
+      with lock:
+        mains_left[0] -= 1
+        if not mains_left[0]:
+          mains_done.set()
 
   def worker(gpu: int) -> None:
     while True:
@@ -149,11 +189,13 @@ def main(argv: list[str]) -> None:
         if not queue:
           return
         index = len(summary)
-        args = queue.pop(0)
+        args, filler = queue.pop(0)
         summary.append(None)
       left = deadline_s - (time.monotonic() - start)
-      if left < MIN_START_S:
-        summary[index] = f'{index:02d} gpu{gpu} not started (deadline): {args}'
+      if left < MIN_START_S or (filler and mains_done.is_set()):
+        why = 'deadline' if left < MIN_START_S else 'the other jobs had ended'
+        summary[index] = f'{index:02d} gpu{gpu} not started ({why}): {args}'
+        ended(filler)
         continue
       log = os.path.join(out, f'job{index:02d}.log')
       progress = os.path.join(out, f'job{index:02d}.progress.json')
@@ -168,7 +210,7 @@ def main(argv: list[str]) -> None:
         f.flush()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
         try:
-          rc = proc.wait(timeout=left)
+          rc = wait(proc, left, filler)
         except subprocess.TimeoutExpired:
           # SIGINT makes jaxbench write its result so far (status 'interrupted'); a job that
           # does not exit within GRACE_S is killed, its thread stacks in its log (see stop).
@@ -186,7 +228,11 @@ def main(argv: list[str]) -> None:
             )
           else:
             rc = f'{rc} (cut at the deadline)'
-      summary[index] = f'{index:02d} gpu{gpu} rc={rc} {time.monotonic() - t0:.0f}s: {args}'
+          if filler and mains_done.is_set():
+            rc = rc.replace('at the deadline', 'as the other jobs had ended')
+      ended(filler)
+      kind = ' filler' if filler else ''
+      summary[index] = f'{index:02d} gpu{gpu}{kind} rc={rc} {time.monotonic() - t0:.0f}s: {args}'
       print(summary[index], flush=True)
 
   # The GPUs' clocks, power, temperature and throttle reasons once a second, to explain a run's

@@ -298,3 +298,36 @@ def test_a_resumed_prediction_compiles_nothing_an_earlier_one_compiled(tmp_path)
   assert [x['max_batch'] for x in after] == [x['max_batch'] for x in before]
   assert all(t['earlier'] for x in after for t in x['search']['trials'])
   assert after[0]['search']['resumed']['trials'] == len(after[0]['search']['trials'])
+
+
+def test_a_search_resumed_from_a_prediction_loads_its_max_and_only_runs_it(tmp_path):
+  """A compile-only prediction, then the run: --search_resume takes the prediction's forecasts
+  as decided under the run's own budget (fits by forecast, with --norun_every_fit), so the run
+  compiles nothing, loads the max from the compilation cache the prediction filled, runs it
+  once and times it."""
+  cache, first, second = tmp_path / 'cache', tmp_path / 'predicted.jsonl', tmp_path / 'run.jsonl'
+  common = ('--model=bert_base', '--tiny', '--max_examples=3', f'--compilation_cache_dir={cache}')
+  r = jaxbench(*common, '--predict', '--memory_gb=4', f'--output={first}')
+  assert r.returncode == 0, r.stderr
+  (predicted,) = [json.loads(line) for line in first.read_text().splitlines()]
+  r = jaxbench(
+    *common,
+    '--memory_limit_gb=4',
+    '--search_resume',
+    '--norun_every_fit',
+    f'--search_hints={first}',
+    '--warmup_steps=0',
+    '--steps=1',
+    '--windows=1',
+    f'--output={second}',
+  )
+  assert r.returncode == 0, r.stderr
+  (run,) = [json.loads(line) for line in second.read_text().splitlines()]
+  assert run['status'] == 'ok' and run['max_batch'] == predicted['max_batch']
+  search = run['search']
+  assert search['resumed']['by_forecast'] == len(predicted['search']['trials'])
+  assert (search['compiles'], search['cache_loads']) == (0, 1)
+  (this,) = [t for t in search['trials'] if not t['earlier']]
+  assert this['cached'] and this['run_s'] is not None
+  assert this['examples'] == predicted['max_examples']
+  assert this['predicted_peak_bytes'] == predicted['predicted_peak_bytes']

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -129,3 +130,43 @@ def test_slots_refuse_a_job_that_runs_a_step(tmp_path):
   jobs.write_text('--model=bert_base --predict --gpus=t4\n--model=yolov3 --batch_size=8\n')
   with pytest.raises(SystemExit, match='for --predict jobs only'):
     gpu_queue.main(['gpu_queue.py', str(jobs), str(tmp_path / 'q'), '600', '1', '2'])
+
+
+def test_fillers_stop_once_every_other_job_has_ended(tmp_path, monkeypatch):
+  """A [filler] job runs beside the main jobs and is stopped when the last of them ends; a
+  filler not yet started by then is not started."""
+  jobs = tmp_path / 'jobs.txt'
+  jobs.write_text(
+    '--model=bert_base --predict --gpus=t4\n'
+    '[filler] --model=yolov3 --predict --gpus=t4\n'
+    '[filler] --model=stylegan --predict --gpus=t4\n'
+  )
+  stopped = []
+
+  class Job:
+    def __init__(self, cmd, env, **kwargs):
+      self.model = next(a for a in cmd if a.startswith('--model='))
+      self.args, self.end = cmd, time.monotonic() + (0.3 if 'bert' in self.model else 60)
+
+    def wait(self, timeout=None):
+      if time.monotonic() + (timeout or 0) < self.end:
+        time.sleep(timeout or 0)
+        raise gpu_queue.subprocess.TimeoutExpired(self.args, timeout)
+      time.sleep(max(0.0, self.end - time.monotonic()))
+      return 0
+
+  def stop(proc, *args):
+    stopped.append(proc.model)
+    return 130, False
+
+  monkeypatch.setattr(gpu_queue.subprocess, 'Popen', Job)
+  monkeypatch.setattr(gpu_queue, 'stop', stop)
+  monkeypatch.setattr(gpu_queue.shutil, 'which', lambda name: None)  # no GPU monitor
+  start = time.monotonic()
+  gpu_queue.main(['gpu_queue.py', str(jobs), str(tmp_path / 'q'), '600', '1', '2'])
+  assert time.monotonic() - start < 10
+  assert stopped == ['--model=yolov3']
+  summary = (tmp_path / 'q' / 'summary.txt').read_text().splitlines()
+  assert summary[0].startswith('00 gpu0 rc=0')
+  assert summary[1].startswith('01 gpu0 filler rc=130 (cut as the other jobs had ended)')
+  assert 'not started (the other jobs had ended)' in summary[2]

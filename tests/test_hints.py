@@ -166,3 +166,39 @@ def test_forecasts_are_earlier_compiles_of_the_same_program_compiled_the_same_wa
     2: (1600, '2026-12-01T10:00:00'),
   }
   assert hints.forecasts([str(path)], deviceless) == {188: (23000, None)}
+
+
+def test_forecasts_judged_against_a_run_fill_in_where_nothing_ran():
+  """A resumed run adds the earlier forecasts (a --predict's at another cap too) as what
+  compiling them again would decide under its budget, without contradicting what ran."""
+  ran = hints.decided([], _record(), budget=None)  # nothing ran under this memory: []
+  earlier = {1: (100, 'p'), 11: (1100, 'p'), 12: (1200, 'p'), 13: (1300, 'p'), 20: (2000, 'p')}
+  judged = hints.forecast_trials(earlier, budget=1250, example_size=2, max_examples=1 << 20)
+  assert [(t.examples, t.outcome, t.batch, t.run_s) for t in judged] == [
+    (1, 'fits', 2, None),
+    (11, 'fits', 22, None),
+    (12, 'fits', 24, None),
+    (13, 'oom_predicted', 26, None),  # the first over the budget ends them: 20 is not taken
+  ]
+  assert hints.combined(ran, judged) == judged
+  # What ran wins: 12 ran out of memory although its forecast fits, so no fit by forecast
+  # at or above it is taken; 1 ran, so its forecast is not taken twice.
+  ran = [_as_trial(1, 'fits', 100, 't'), _as_trial(12, 'oom_run', 1200, 't')]
+  got = hints.combined(ran, judged)
+  assert [(t.examples, t.outcome, t.earlier) for t in got] == [
+    (1, 'fits', 't'),
+    (11, 'fits', 'p'),
+    (12, 'oom_run', 't'),
+    (13, 'oom_predicted', 'p'),
+  ]
+  # A failure by forecast at or below a batch that ran is dropped.
+  ran = [_as_trial(13, 'fits', 1240, 't')]
+  assert [t.examples for t in hints.combined(ran, judged)] == [1, 11, 12, 13]
+
+
+def _as_trial(n, outcome, peak, when):
+  from jaxbench import search
+
+  return search.Trial(
+    examples=n, batch=n, outcome=outcome, predicted_peak_bytes=peak, run_s=1.0, earlier=when
+  )

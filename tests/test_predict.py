@@ -1,6 +1,6 @@
 """Prediction arithmetic: the compile-only search under each card's cap, compiles shared."""
 
-from jaxbench import catalog, predict, search
+from jaxbench import catalog, hints, predict, search
 from tests.test_search import FakeProgram
 
 
@@ -49,7 +49,7 @@ def test_earlier_forecasts_are_known_at_every_cap_and_save_their_compiles():
   again = FakeProgram(a=2 * gib, b=50 * 2**20)
   memo = predict.PeakMemo(again)
   for g in cards:
-    known = predict.known_trials(earlier, g.cap_bytes, 1, 1 << 20)
+    known = hints.forecast_trials(earlier, g.cap_bytes, 1, 1 << 20)
     r = search.find_max_batch(memo, g.cap_bytes, run_steps=0, known=known)
     assert r.max_examples == expected[g.name], g.name
     if g.name == 'rtx_2060':
@@ -62,7 +62,7 @@ def test_earlier_forecasts_are_known_at_every_cap_and_save_their_compiles():
 def test_known_trials_stop_at_the_first_failure_and_at_the_cap():
   # Not monotone: 30 is over the cap, 40 under it again (a forecast's bump).
   earlier = {10: (100, 't'), 20: (200, 't'), 30: (900, 't'), 40: (300, 't')}
-  known = predict.known_trials(earlier, 500, 2, 1 << 20)
+  known = hints.forecast_trials(earlier, 500, 2, 1 << 20)
   assert [(t.examples, t.batch, t.outcome) for t in known] == [
     (10, 20, search.FITS),
     (20, 40, search.FITS),
@@ -70,4 +70,4 @@ def test_known_trials_stop_at_the_first_failure_and_at_the_cap():
   ]
   assert '0.000 GB > budget' in known[-1].detail
   # A fit beyond --max_examples is left to the cap.
-  assert [t.examples for t in predict.known_trials(earlier, 500, 1, 15)] == [10]
+  assert [t.examples for t in hints.forecast_trials(earlier, 500, 1, 15)] == [10]

@@ -471,6 +471,7 @@ def test_a_resumed_search_in_bench_records_where_each_trial_came_from(tmp_path):
   assert second['status'] == 'ok' and second['max_batch'] == first['max_batch']
   assert second['search']['resumed'] == {
     'trials': len(first['search']['trials']),
+    'by_forecast': 0,  # every forecast of the first run is one of its decided trials
     'runs': [first['timestamp']],
   }
   assert second['search']['compiles'] == 1  # the max, compiled again to be timed
@@ -581,3 +582,14 @@ def test_an_error_reports_as_its_max_the_largest_batch_that_ran_in_the_search():
   found = search.find_max_batch(p, 3615, hints={1: 10, 361: 3610}, run_every_fit=False)
   assert found.error is not None and 'shape mismatch' in found.error
   assert found.max_examples == 0  # 361 fitted by its forecast only
+
+
+def test_hints_off_by_a_few_percent_aim_through_the_searchs_own_forecast():
+  """Deviceless hints run a few percent off the device's forecast: once the first probe shows
+  it (the same batch, another peak), the line goes through this search's own forecast with the
+  hints' slope, not through one point of each (which aimed one example below the first probe)."""
+  p = FakeProgram(a=800, b=100)  # 800 bytes more than the hints say (autotuned workspaces)
+  hints = {1: 100, 118: 11_800, 165: 16_500, 166: 16_600, 167: 16_700}
+  got = search.find_max_batch(p, 16_620, run_steps=0, hints=hints)
+  assert got.max_examples == 158
+  assert p.compiled == [166, 158, 159]  # without the rule: 166, 165, ...

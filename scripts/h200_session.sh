@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# A whole device session of queued H200 work that outlives each device call: two queues, one after
+# the other, run by a daemon on the warm machine while each call only waits and copies out.
+#
+#   call 1:        scripts/h200_session.sh start JOBS1 SLOTS1 END1_S JOBS2 END2_S && \
+#                  scripts/h200_session.sh wait WAIT_S
+#   calls 2, 3..:  scripts/h200_session.sh wait WAIT_S     (within the machine's 30 s warm window)
+#
+# Phase 1 is scripts/gpu_queue.py over JOBS1 with SLOTS1 jobs on the GPU (compile-only --predict
+# jobs can share it), cut END1_S seconds after the start; phase 2 follows at once, over JOBS2 with
+# one job on the GPU (runs that time steps), cut END2_S seconds after the start. Both share
+# /tmp/jcc (JAX's persistent compilation cache) and /tmp/atc (XLA's autotune cache), so a step
+# that phase 1 compiled is loaded, not compiled, by a phase-2 run of the same program; phase 2's
+# lines can name /tmp/sess/q1/results.jsonl in --search_hints (it always exists). Why a daemon: a
+# call lasts at most 600 s and some compiles take 400 s, so a queue cut at each call's end would
+# lose the compile in flight; the daemon (setsid, so the device tool leaves it running between
+# calls) loses nothing as long as each call comes before the warm machine is given back.
+#
+# The daemon runs a copy of the repository (/tmp/sess/repo), so that a call's fresh copy of the
+# working tree cannot change the code under a job. `wait` returns after WAIT_S seconds or once
+# the daemon has ended, whichever is first, and leaves in $OUT what the session's record needs
+# so far: results1.jsonl and results2.jsonl (each queue's results), summary.md and logs.tgz (job
+# logs, GPU monitors, the daemon's log). Each call copies the whole of it again: the last call's
+# copy is the session's.
+set -uo pipefail
+S=/tmp/sess
+case "${1:-}" in
+  start)
+    JOBS1=$2 SLOTS1=$3 END1=$4 JOBS2=$5 END2=$6
+    if [ -e "$S/daemon.pid" ] && kill -0 "$(cat "$S/daemon.pid")" 2>/dev/null; then
+      echo "h200_session: a session daemon is already running" >&2
+      exit 2
+    fi
+    rm -rf "$S" && mkdir -p "$S/q1" "$S/q2" /tmp/jcc /tmp/atc
+    cp -r . "$S/repo"
+    touch "$S/q1/results.jsonl"
+    setsid nohup bash -c "
+      cd '$S/repo' || exit 1
+      export PYTHONUNBUFFERED=1
+      start=\$(date +%s)
+      echo \"phase 1 starts \$(date -u +%FT%TZ): $JOBS1, $SLOTS1 a GPU, until $END1 s\"
+      python3 scripts/gpu_queue.py '$JOBS1' '$S/q1' '$END1' 1 '$SLOTS1'
+      left=\$(( $END2 - (\$(date +%s) - start) ))
+      echo \"phase 2 starts \$(date -u +%FT%TZ): $JOBS2, \$left s left\"
+      python3 scripts/gpu_queue.py '$JOBS2' '$S/q2' \"\$left\" 1 1
+      echo \"ended \$(date -u +%FT%TZ)\"
+    " >"$S/daemon.log" 2>&1 </dev/null &
+    echo $! >"$S/daemon.pid"
+    echo "h200_session: daemon $(cat "$S/daemon.pid") started"
+    ;;
+  wait)
+    WAIT=$2
+    OUT=${OUT:?set by the device tool}
+    pid=$(cat "$S/daemon.pid" 2>/dev/null || echo 0)
+    for ((i = 0; i < WAIT; i += 5)); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 5
+    done
+    kill -0 "$pid" 2>/dev/null && echo "daemon running" || echo "daemon ended"
+    for q in 1 2; do
+      if [ -f "$S/q$q/results.jsonl" ]; then cp "$S/q$q/results.jsonl" "$OUT/results$q.jsonl"; fi
+    done
+    (cd "$S/repo" && cat "$S"/q*/results.jsonl >"$S/all.jsonl" && python3 scripts/summarize.py \
+      "$S/all.jsonl") >"$OUT/summary.md" 2>&1
+    (cd "$S" && tar czf "$OUT/logs.tgz" --exclude=results.jsonl daemon.log q1 q2 2>/dev/null)
+    tail -n 5 "$S/daemon.log"
+    cat "$S"/q*/summary.txt 2>/dev/null
+    for f in "$S"/q*/job*.log; do echo "== $f: $(grep -c . "$f") lines"; tail -n 2 "$f"; done
+    ;;
+  *)
+    echo "usage: $0 start JOBS1 SLOTS1 END1_S JOBS2 END2_S | wait WAIT_S" >&2
+    exit 2
+    ;;
+esac
