@@ -35,6 +35,7 @@ case "${1:-}" in
     cp -r . "$S/repo"
     touch "$S/q1/results.jsonl"
     setsid nohup bash -c "
+      echo \$\$ >'$S/daemon.pid'
       cd '$S/repo' || exit 1
       export PYTHONUNBUFFERED=1
       start=\$(date +%s)
@@ -45,7 +46,8 @@ case "${1:-}" in
       python3 scripts/gpu_queue.py '$JOBS2' '$S/q2' \"\$left\" 1 1
       echo \"ended \$(date -u +%FT%TZ)\"
     " >"$S/daemon.log" 2>&1 </dev/null &
-    echo $! >"$S/daemon.pid"
+    # The daemon writes its own pid: under job control setsid forks, and $! would be its parent.
+    for _ in 1 2 3 4 5 6 7 8 9 10; do [ -s "$S/daemon.pid" ] && break; sleep 0.5; done
     echo "h200_session: daemon $(cat "$S/daemon.pid") started"
     ;;
   wait)
