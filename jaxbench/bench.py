@@ -184,7 +184,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
     if program.init_s is not None:  # the first trial that ran built the initial state
       result['init_s'] = round(program.init_s, 3)
     progress.changed()  # before the line: a log that shows a trial has it in the checkpoint
-    log(_trial_line(w, t))
+    log(trial_line(w, t))
 
   def on_phase(n: int, phase: str, trial: search.Trial | None) -> None:
     # Where the run is, in the log (runner's log flushes: a log cut by a deadline's SIGKILL
@@ -311,7 +311,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
   return {**result, 'status': 'ok', 'error': None}
 
 
-def _trial_line(w: wl.Workload, t: search.Trial) -> str:
+def trial_line(w: wl.Workload, t: search.Trial) -> str:
   peak = (
     '' if t.predicted_peak_bytes is None else f' peak {report.human_bytes(t.predicted_peak_bytes)}'
   )

@@ -81,8 +81,6 @@ def request(f) -> Request:
       raise ValueError('--predict needs the cards to predict for: --gpus, --gpu or --memory_gb')
     if f.batch_size is not None:
       raise ValueError('--predict searches the max batch: it takes no --batch_size')
-    if getattr(f, 'progress_file', None):
-      raise ValueError('--progress_file is for runs: --predict writes each prediction as it ends')
     if not getattr(f, 'run_every_fit', True):
       raise ValueError('--norun_every_fit is for runs: --predict runs nothing')
     return Request(PREDICT, tuple(gpus), target)

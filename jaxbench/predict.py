@@ -15,6 +15,7 @@ nothing.
 """
 
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, Iterator
 
@@ -57,8 +58,14 @@ def predict(
   remat: bool = False,
   log: Callable[[str], None] = print,
   target: Any = None,
+  checkpoint: Callable[[dict[str, Any]], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
   """One result per card, smallest card first, as each is found: the max batch under its cap.
+
+  Each probe is logged as it ends. `checkpoint` (--progress_file) is given the record of the
+  card being searched after each probe, status 'interrupted' and its trials so far: what a
+  prediction killed in a long compile had found (its forecasts still aim and, resumed, decide).
+  Interrupted (SIGINT), it raises bench.Interrupted with that record.
 
   `target`: compile for this described GPU instead of the local device (jaxbench.deviceless).
   """
@@ -73,19 +80,13 @@ def predict(
   }
   peaks, matched = hints.load(opts.search_hints, header)
   earlier = hints.forecasts(opts.search_hints, header) if opts.search_resume else {}
-  for gpu in sorted(gpus, key=lambda g: g.cap_bytes):
-    start, compiles = time.perf_counter(), memo.compiles
-    known = hints.forecast_trials(earlier, gpu.cap_bytes, w.example_size(cfg), opts.max_examples)
-    found = search.find_max_batch(
-      memo,
-      gpu.cap_bytes,
-      opts.max_examples,
-      run_steps=0,
-      tolerance=opts.search_tolerance,
-      hints=peaks,
-      known=known,
-    )
-    fits = [t for t in found.trials if t.fits and t.examples == found.max_examples]
+
+  def record(card: _Card, found: search.Result | None) -> dict[str, Any]:
+    """The card's result: of its finished search `found`, or (None) of its search so far."""
+    gpu, known = card.gpu, card.known
+    done = card.trials if found is None else found.trials
+    largest = 0 if found is None else found.max_examples
+    fits = [t for t in done if found is not None and t.fits and t.examples == largest]
     result = {
       **header,
       'timestamp': bench.now(),
@@ -99,30 +100,71 @@ def predict(
       'search': {
         'mode': 'predict',
         'hints': {'files': list(opts.search_hints), 'results': matched, 'points': len(peaks)},
-        'trials': [dataclasses.asdict(t) for t in found.trials],
-        'seconds': round(time.perf_counter() - start, 2),
-        'compiles': memo.compiles - compiles,
-        'capped': found.capped,
+        'trials': [dataclasses.asdict(t) for t in done],
+        'seconds': None if found is None else round(time.perf_counter() - card.start, 2),
+        'compiles': memo.compiles - card.compiles,
+        'capped': False if found is None else found.capped,
         **(
           {'resumed': {'trials': len(known), 'runs': sorted({t.earlier for t in known})}}
           if opts.search_resume
           else {}
         ),
       },
-      'max_examples': found.max_examples,
-      'max_batch': found.max_examples * w.example_size(cfg),
+      'max_examples': largest,
+      'max_batch': largest * w.example_size(cfg),
       'predicted_peak_bytes': fits[0].predicted_peak_bytes if fits else None,
       'measurement': None,
     }
-    if found.error is not None:
+    if found is None:
+      result.update(
+        status='interrupted',
+        error=f'ended without its result, while predicting for the {gpu.display}',
+      )
+    elif found.error is not None:
       result.update(status='error', error=found.error)
     elif found.max_examples == 0:
       result.update(status='oom', error='not even one example is predicted to fit')
     else:
       result.update(status='ok', error=None)
-    emulation.annotate(result, gpu, opts.overrides, mode='predict')
+    return emulation.annotate(result, gpu, opts.overrides, mode='predict')
+
+  def on_trial(card: _Card, t: search.Trial) -> None:
+    card.trials.append(t)
+    if checkpoint is not None:  # first: a log that shows a probe has it in the checkpoint
+      checkpoint(record(card, None))
+    if t.compile_s != 0.0:  # a probe of this search, not a batch an earlier card compiled
+      log(f'{bench.trial_line(w, t)} (for the {card.gpu.display})')
+
+  for gpu in sorted(gpus, key=lambda g: g.cap_bytes):
+    known = hints.forecast_trials(earlier, gpu.cap_bytes, w.example_size(cfg), opts.max_examples)
+    card = _Card(gpu, known, time.perf_counter(), memo.compiles, list(known))
+    try:
+      found = search.find_max_batch(
+        memo,
+        gpu.cap_bytes,
+        opts.max_examples,
+        run_steps=0,
+        on_trial=functools.partial(on_trial, card),
+        tolerance=opts.search_tolerance,
+        hints=peaks,
+        known=known,
+      )
+    except KeyboardInterrupt:
+      raise bench.Interrupted(record(card, None)) from None
+    result = record(card, found)
     log(line(result))
     yield result
+
+
+@dataclasses.dataclass
+class _Card:
+  """One card's search in a prediction: what it started from and its trials so far."""
+
+  gpu: catalog.Gpu
+  known: list[search.Trial]  # earlier forecasts, decided without compiling (--search_resume)
+  start: float  # time.perf_counter() at its start
+  compiles: int  # the memo's compiles before it
+  trials: list[search.Trial]
 
 
 def line(r: dict[str, Any]) -> str:
@@ -133,7 +175,7 @@ def line(r: dict[str, Any]) -> str:
     if r['status'] == 'oom'
     else f"{r['max_batch']} {r['unit']}"
     if r['status'] == 'ok'
-    else f"error: {r['error']}"
+    else f"{r['status']}: {r['error']}"
   )
   peak = r.get('predicted_peak_bytes')
   cap = emu['cap_bytes'] / 1e9

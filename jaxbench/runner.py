@@ -25,40 +25,47 @@ def run(
   predicting = req.kind == emulation.PREDICT
   gpu = req.gpus[0] if req.gpus and not predicting else None
   results, log = [], lambda line: print(line, flush=True)
-  checkpoint = None
-  if plan.progress_file and not predicting:
+  checkpoint = predicted = None
+  if plan.progress_file:
     # The result so far, whole, replaced after each trial and change of phase, and removed
     # once the run has written its own: what a run killed before it could (a SIGKILL, a
     # lost machine) had found. scripts/gpu_queue.py appends it to the results of such a job.
+    # A prediction's is the record of the card it is searching (annotated by predict).
     def checkpoint(record: dict) -> None:
       report.replace_json(plan.progress_file, emulation.annotate(record, gpu, options.overrides))
+
+    def predicted(record: dict) -> None:
+      report.replace_json(plan.progress_file, record)
 
   for w in plan.workloads:
     print(
       f'{w.name}: {_what(predicting, options, target)}{" (tiny preset)" if options.tiny else ""}',
       flush=True,
     )
-    if predicting:
-      produced = predict.predict(w, options, list(req.gpus), plan.remat, log, target)
-    else:
-      try:
+    try:
+      if predicting:
+        produced = predict.predict(
+          w, options, list(req.gpus), plan.remat, log, target, checkpoint=predicted
+        )
+      else:
         produced = [
           emulation.annotate(bench.run(w, options, memory, log, checkpoint), gpu, options.overrides)
         ]
-      except bench.Interrupted as stop:
-        # What the search found is kept (status 'interrupted'); a sweep reruns such a cell.
-        result = emulation.annotate(stop.result, gpu, options.overrides)
+      for result in produced:
+        results.append(result)
         if plan.output:
-          report.append_jsonl(plan.output, result)
+          report.append_jsonl(plan.output, result)  # each result whole, as soon as it exists
         report.discard(plan.progress_file)
-        print(report.notes([result]), flush=True)
-        raise
-    for result in produced:
-      results.append(result)
+    except bench.Interrupted as stop:
+      # What the search found is kept (status 'interrupted'); a sweep reruns such a cell.
+      result = (
+        stop.result if predicting else emulation.annotate(stop.result, gpu, options.overrides)
+      )
       if plan.output:
-        report.append_jsonl(plan.output, result)  # each result whole, as soon as it exists
-    if not predicting:
+        report.append_jsonl(plan.output, result)
       report.discard(plan.progress_file)
+      print(report.notes([result]) if not predicting else predict.line(result), flush=True)
+      raise
   if not predicting:
     print()
     print(report.table(results))

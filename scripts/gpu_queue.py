@@ -9,8 +9,8 @@ appends a result with status 'interrupted' holding its search trials so far. Bef
 the SIGINT, and again before a SIGKILL, a SIGUSR1 makes the job print every thread's
 Python stack into its log (jaxbench.main's faulthandler): where a job that did not
 stop was stuck. Each job keeps its result so far in OUT/jobNN.progress.json
-(--progress_file); when a job has to be killed, that record (status 'interrupted', its
-trials so far) is appended to the results in its place.
+(--progress_file; a --predict job, the card it is searching); when a job has to be killed, that
+record (status 'interrupted', its trials so far) is appended to the results in its place.
 Results go to OUT/results.jsonl (each run appends whole lines), and that file aims the
 searches of later jobs (--search_hints); at the end OUT/summary.md (and the output) has them as
 docs/results/ table rows (scripts/summarize.py). Where nvidia-smi exists, OUT/gpu_monitor.csv
@@ -30,7 +30,12 @@ H200 in session 9: six such jobs without a cap ran well (call 1); eight without 
 out of memory (call 2: autotuning failed, "Failed to get configs", and some compiles came back
 out of memory, which for a compile-only job is the neighbours' doing, not the program's); XLA's
 platform allocator instead of the pool crashed three of twelve image jobs (SIGSEGV after
-CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, call 3). The cap per job is not yet run on the GPU.
+CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, call 3). With the cap (session 10, four jobs, 35.7 GB
+each) bert_base forecast the same bytes as alone, but the autotuners of pix2pixhd fp32 and
+stylegan bf16 at the H200's full batch were refused buffers of 12-32 GiB that a full pool grants:
+a capped compile of such a program need not pick what a full-memory compile picks, and none of
+those four full-batch compiles had ended after 900 s. Share the GPU for the batches of small
+cards, not for full-memory image programs.
 A queue with SLOTS > 1 refuses any job that would run a step.
 
 A job line that starts with `[filler]` is a filler: it runs only while other jobs do. Once
@@ -92,17 +97,17 @@ def _predicts(argv: list[str]) -> bool:
 
 
 def command(argv: list[str], out: str, progress: str) -> list[str]:
-  """The job's jaxbench command: results to OUT/results.jsonl, its progress file (a --predict
-  job, which compiles only and writes each card's prediction as it ends, takes none), aimed by
-  the queue's results so far."""
+  """The job's jaxbench command: results to OUT/results.jsonl, its progress file (a run's result
+  so far; a --predict's, the card it is searching: session 10 lost four predictions' compiles,
+  killed in a compile at the deadline before they wrote a thing), aimed by the queue's results
+  so far."""
   results = os.path.join(out, 'results.jsonl')
-  keep = [] if _predicts(argv) else [f'--progress_file={progress}']
   return [
     sys.executable,
     '-m',
     'jaxbench.main',
     f'--output={results}',
-    *keep,
+    f'--progress_file={progress}',
     *with_hints(argv, results),
   ]
 

@@ -249,10 +249,6 @@ def test_a_run_that_ends_removes_its_progress_file(tmp_path):
       ['--model=bert_base', '--output=PROGRESS', '--progress_file=PROGRESS'],
       'must be different files',
     ),
-    (
-      ['--model=bert_base', '--predict', '--gpu=t4', '--progress_file=PROGRESS'],
-      '--progress_file is for runs',
-    ),
   ],
 )
 def test_progress_file_conflicts_are_one_line_and_status_2(tmp_path, args, message):
@@ -331,3 +327,42 @@ def test_a_search_resumed_from_a_prediction_loads_its_max_and_only_runs_it(tmp_p
   assert this['cached'] and this['run_s'] is not None
   assert this['examples'] == predicted['max_examples']
   assert this['predicted_peak_bytes'] == predicted['predicted_peak_bytes']
+
+
+@pytest.mark.parametrize('sig', [signal.SIGKILL, signal.SIGINT])
+def test_a_prediction_stopped_in_a_compile_keeps_its_probes(tmp_path, sig):
+  """--predict logs each probe as it ends and keeps the card it is searching in --progress_file:
+  killed (SIGKILL) the file holds its probes so far, status 'interrupted'; interrupted (SIGINT)
+  that record goes to the output instead."""
+  out, progress = tmp_path / 'r.jsonl', tmp_path / 'p.json'
+  proc = started(
+    '--model=bert_base',
+    '--tiny',
+    '--predict',
+    '--gpus=t4,a100_80',
+    '--max_examples=64',
+    f'--output={out}',
+    f'--progress_file={progress}',
+    stderr=subprocess.DEVNULL,
+  )
+  try:
+    for line in proc.stdout:
+      if re.match(r'  bert_base: batch \d+ sequences: fits .*compile .*\(for the Tesla T4\)', line):
+        break
+    else:
+      pytest.fail('the prediction printed no probe')
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
+  finally:
+    proc.kill()
+  if sig == signal.SIGKILL:
+    assert not out.exists()
+    record = json.loads(progress.read_text())
+  else:
+    assert proc.returncode == 130 and not progress.exists()
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+  assert record['status'] == 'interrupted' and record['mode'] == 'predict'
+  assert record['error'] == 'ended without its result, while predicting for the Tesla T4'
+  assert record['emulation']['gpu'] == 't4' and record['search']['seconds'] is None
+  assert record['search']['trials'][0]['predicted_peak_bytes'] > 0
+  assert record['max_examples'] == 0  # nothing is claimed for a search that did not end
