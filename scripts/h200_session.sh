@@ -23,7 +23,7 @@
 # logs, GPU monitors, the daemon's log). Each call copies the whole of it again: the last call's
 # copy is the session's.
 set -uo pipefail
-S=/tmp/sess
+S=${H200_SESSION_DIR:-/tmp/sess}
 case "${1:-}" in
   start)
     JOBS1=$2 SLOTS1=$3 END1=$4 JOBS2=$5 END2=$6
@@ -32,10 +32,16 @@ case "${1:-}" in
       exit 2
     fi
     rm -rf "$S" && mkdir -p "$S/q1" "$S/q2" /tmp/jcc /tmp/atc
-    cp -r . "$S/repo"
+    mkdir -p "$S/repo" && tar -C . --exclude=./.git --exclude=./.venv --exclude=./.cache -cf - . |
+      tar -C "$S/repo" -xf -
     touch "$S/q1/results.jsonl"
+    # Job control on: without it bash starts a background command with SIGINT and SIGQUIT
+    # ignored, every job inherits that, and Python then never sees the queue's SIGINT at its
+    # deadline (session 10: each cut job was killed 60 s after an unheeded SIGINT).
+    set -m
     setsid nohup bash -c "
       echo \$\$ >'$S/daemon.pid'
+      echo \"daemon \$\$, signals ignored (/proc): \$(grep SigIgn /proc/\$\$/status 2>/dev/null)\"
       cd '$S/repo' || exit 1
       export PYTHONUNBUFFERED=1
       start=\$(date +%s)
@@ -67,7 +73,9 @@ case "${1:-}" in
     (cd "$S" && tar czf "$OUT/logs.tgz" --exclude=results.jsonl daemon.log q1 q2 2>/dev/null)
     tail -n 5 "$S/daemon.log"
     cat "$S"/q*/summary.txt 2>/dev/null
+    shopt -s nullglob
     for f in "$S"/q*/job*.log; do echo "== $f: $(grep -c . "$f") lines"; tail -n 2 "$f"; done
+    true
     ;;
   *)
     echo "usage: $0 start JOBS1 SLOTS1 END1_S JOBS2 END2_S | wait WAIT_S" >&2
