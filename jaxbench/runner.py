@@ -25,17 +25,19 @@ def run(
   predicting = req.kind == emulation.PREDICT
   gpu = req.gpus[0] if req.gpus and not predicting else None
   results, log = [], lambda line: print(line, flush=True)
-  checkpoint = predicted = None
+
+  def annotated(record: dict) -> dict:
+    # A prediction's records carry their own card (predict annotates each one).
+    return record if predicting else emulation.annotate(record, gpu, options.overrides)
+
+  checkpoint = None
   if plan.progress_file:
     # The result so far, whole, replaced after each trial and change of phase, and removed
     # once the run has written its own: what a run killed before it could (a SIGKILL, a
-    # lost machine) had found. scripts/gpu_queue.py appends it to the results of such a job.
-    # A prediction's is the record of the card it is searching (annotated by predict).
+    # lost machine) had found; a prediction's, the card it is searching. scripts/gpu_queue.py
+    # appends it to the results of such a job.
     def checkpoint(record: dict) -> None:
-      report.replace_json(plan.progress_file, emulation.annotate(record, gpu, options.overrides))
-
-    def predicted(record: dict) -> None:
-      report.replace_json(plan.progress_file, record)
+      report.replace_json(plan.progress_file, annotated(record))
 
   for w in plan.workloads:
     print(
@@ -45,12 +47,10 @@ def run(
     try:
       if predicting:
         produced = predict.predict(
-          w, options, list(req.gpus), plan.remat, log, target, checkpoint=predicted
+          w, options, list(req.gpus), plan.remat, log, target, checkpoint=checkpoint
         )
       else:
-        produced = [
-          emulation.annotate(bench.run(w, options, memory, log, checkpoint), gpu, options.overrides)
-        ]
+        produced = [annotated(bench.run(w, options, memory, log, checkpoint))]
       for result in produced:
         results.append(result)
         if plan.output:
@@ -58,9 +58,7 @@ def run(
         report.discard(plan.progress_file)
     except bench.Interrupted as stop:
       # What the search found is kept (status 'interrupted'); a sweep reruns such a cell.
-      result = (
-        stop.result if predicting else emulation.annotate(stop.result, gpu, options.overrides)
-      )
+      result = annotated(stop.result)
       if plan.output:
         report.append_jsonl(plan.output, result)
       report.discard(plan.progress_file)
