@@ -85,6 +85,14 @@ AUTOTUNE_CACHE_DIR = flags.DEFINE_string(
   'processes and after a killed compile. A cached choice is one a fresh autotuning could have '
   'made, so results with and without it aim each other\'s searches (--search_hints).',
 )
+AUTOTUNE_LOG = flags.DEFINE_string(
+  'autotune_log',
+  None,
+  "Write XLA's autotuning log here (--xla_gpu_dump_autotune_logs_to; text when the name ends in "
+  '.txt): every convolution and matmul autotuned in the last compile, each candidate it timed '
+  'and that candidate\'s run time (scripts/autotune_log.py sums it up). For finding where a '
+  "compile's time goes; it does not change the compiled program.",
+)
 TRITON_GEMM = flags.DEFINE_bool(
   'triton_gemm',
   False,

@@ -74,6 +74,7 @@ def configure(
   triton_gemm: bool = False,
   autotune_level: int | None = None,
   autotune_cache_dir: str | None = None,
+  autotune_log: str | None = None,
 ) -> MemorySetup:
   """Fix the memory cap and XLA options; call before JAX's backend starts."""
   from jax._src import xla_bridge  # pylint: disable=g-import-not-at-top
@@ -122,6 +123,9 @@ def configure(
   if autotune_cache_dir:
     os.makedirs(autotune_cache_dir, exist_ok=True)
     _add_xla_flags(f'--xla_gpu_per_fusion_autotune_cache_dir={os.path.abspath(autotune_cache_dir)}')
+  if autotune_log:
+    os.makedirs(os.path.dirname(os.path.abspath(autotune_log)), exist_ok=True)
+    _add_xla_flags(f'--xla_gpu_dump_autotune_logs_to={os.path.abspath(autotune_log)}')
   if not remat:
     # Without this XLA quietly recomputes activations once a program exceeds its
     # memory limit, and "max batch" would mean "max batch with recomputation".

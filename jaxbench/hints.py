@@ -39,12 +39,13 @@ if TYPE_CHECKING:  # search imports JAX; the report reads hints without it
 _SAME = ('workload', 'precision', 'tiny', 'jax_version')
 
 
-# XLA flags that say where caches live: they change how long a compile takes, not its program.
-_CACHE_FLAG = re.compile(r'^--xla_gpu_per_fusion_autotune_cache_dir=')
+# XLA flags that say where caches and logs live: they change how long a compile takes or what it
+# writes beside it, not its program.
+_CACHE_FLAG = re.compile(r'^--xla_gpu_(per_fusion_autotune_cache_dir|dump_autotune_logs_to)=')
 
 
 def compiler_flags(xla_flags: str | None) -> str:
-  """The XLA flags that decide the compiled program: `xla_flags` without the cache locations."""
+  """The XLA flags that decide the compiled program: `xla_flags` without cache and log paths."""
   return ' '.join(f for f in (xla_flags or '').split() if not _CACHE_FLAG.match(f))
 
 

@@ -69,6 +69,7 @@ def main(argv: list[str]) -> int:
       search_flags.TRITON_GEMM.value,
       search_flags.AUTOTUNE_LEVEL.value,
       search_flags.AUTOTUNE_CACHE_DIR.value,
+      search_flags.AUTOTUNE_LOG.value,
     )
   except backend.BackendError as e:
     _fail(str(e))

@@ -25,6 +25,6 @@ python3 scripts/gpu_queue.py "$JOBS" "$Q" "$DEADLINE" "$GPUS" "$SLOTS"
 for f in results.jsonl summary.md summary.txt gpu_monitor.csv; do
   if [ -f "$Q/$f" ]; then cp "$Q/$f" "$OUT/"; fi
 done
-(cd "$Q" && tar czf "$OUT/logs.tgz" ./*.log ./*.progress.json 2>/dev/null)
+(cd "$Q" && tar czf "$OUT/logs.tgz" ./*.log ./*.progress.json ./*.autotune.txt 2>/dev/null)
 tar czf "$OUT/caches.tgz" -C /tmp jcc atc
 echo "caches saved: $(du -h "$OUT/caches.tgz" | cut -f1) (the carry limit is 64 MiB in all)"

@@ -44,6 +44,17 @@ def test_autotune_level_is_xlas_unless_given():
   assert '--xla_gpu_autotune_level=1' in _python(code.format(1)).split()
 
 
+def test_autotune_log_is_given_to_xla_as_an_absolute_path(tmp_path):
+  where = tmp_path / 'logs' / 'at.txt'
+  code = (
+    'import os; from jaxbench import backend; '
+    f'backend.configure(None, False, autotune_log={str(where)!r}); '
+    'print(os.environ["XLA_FLAGS"])'
+  )
+  assert f'--xla_gpu_dump_autotune_logs_to={where}' in _python(code).split()
+  assert (tmp_path / 'logs').is_dir()  # XLA writes the file but makes no folder
+
+
 def test_configure_refuses_once_the_backend_has_started():
   out = _python(
     'import jax; jax.devices(); from jaxbench import backend\n'

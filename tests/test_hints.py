@@ -63,8 +63,12 @@ def test_results_from_before_revisions_count_as_revision_one(tmp_path):
 
 
 def test_a_cache_location_is_not_a_compiler_setting(tmp_path):
-  """--autotune_cache_dir changes where autotuning results come from, not what is compiled."""
-  cached = '--xla_disable_hlo_passes=rematerialization --xla_gpu_per_fusion_autotune_cache_dir=/c'
+  """--autotune_cache_dir changes where autotuning results come from, and --autotune_log where
+  they are written down, not what is compiled."""
+  cached = (
+    '--xla_disable_hlo_passes=rematerialization --xla_gpu_per_fusion_autotune_cache_dir=/c '
+    '--xla_gpu_dump_autotune_logs_to=/tmp/at.txt'
+  )
   path = tmp_path / 'earlier.jsonl'
   path.write_text(
     json.dumps(_record(xla_flags=cached))

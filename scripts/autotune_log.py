@@ -1,0 +1,176 @@
+"""Sum up XLA's autotuning log (jaxbench --autotune_log=FILE.txt): where a compile's time went.
+
+The log is an `xla.AutotuningLogs` text proto: one `logs` entry per autotuned instruction
+(a convolution or a matmul), each with one `results` entry per candidate the autotuner timed
+(its `run_time`, `scratch_bytes`, or a `failure`). This prints how many instructions and
+candidates there were, the GPU time the candidates' measured runs add up to, and the
+instructions whose candidates took longest. It also prints, for each instruction, the best
+candidate against the first one listed: with `--autotune_level=0` XLA takes the first
+candidate it would have tried, so "first / best" is what turning autotuning off would cost
+that instruction, as far as the order of the log is the autotuner's order (an assumption, said
+in the output).
+
+  python3 scripts/autotune_log.py FILE.txt [--top N]
+"""
+
+import argparse
+import re
+import sys
+
+_TOKEN = re.compile(
+  r'\s*(?:(?P<comment>#[^\n]*)|(?P<open>\{|<)|(?P<close>\}|>)|(?P<colon>:)'
+  r'|(?P<string>"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\')|(?P<name>\[[^\]]*\]|[^\s{}<>:"\']+))'
+)
+
+
+def _tokens(text: str):
+  pos = 0
+  while pos < len(text):
+    m = _TOKEN.match(text, pos)
+    if not m or m.end() == pos:
+      if text[pos:].strip():
+        raise ValueError(f'cannot read the text proto at offset {pos}: {text[pos : pos + 40]!r}')
+      return
+    pos = m.end()
+    if m.lastgroup != 'comment':
+      yield m.lastgroup, m.group(m.lastgroup)
+
+
+def parse(text: str) -> dict:
+  """A text proto as nested dicts: each field name maps to the list of its values (a message is
+  a dict, a scalar the string written). Enough for reading logs; not a full text-format parser."""
+  stack = [{}]
+  name = None
+  for kind, value in _tokens(text):
+    if kind == 'name' and name is None:
+      name = value
+    elif kind == 'colon':
+      continue
+    elif kind == 'open':
+      child = {}
+      stack[-1].setdefault(name, []).append(child)
+      stack.append(child)
+      name = None
+    elif kind == 'close':
+      stack.pop()
+      if not stack:
+        raise ValueError('unbalanced braces in the text proto')
+    elif name is not None:  # a scalar value
+      stack[-1].setdefault(name, []).append(value.strip('"\''))
+      name = None
+    else:
+      raise ValueError(f'a value without a field name: {value!r}')
+  if len(stack) != 1:
+    raise ValueError('unbalanced braces in the text proto')
+  return stack[0]
+
+
+def _first(msg: dict, key: str, default=None):
+  values = msg.get(key)
+  return values[0] if values else default
+
+
+def seconds(duration: dict | None) -> float | None:
+  """A google.protobuf.Duration message (seconds, nanos) in seconds."""
+  if duration is None:
+    return None
+  return float(_first(duration, 'seconds', 0)) + float(_first(duration, 'nanos', 0)) * 1e-9
+
+
+def _find(msg, key: str):
+  """Every value of field `key` anywhere below msg."""
+  if isinstance(msg, dict):
+    for k, values in msg.items():
+      for v in values:
+        if k == key:
+          yield v
+        yield from _find(v, key)
+
+
+def _label(log: dict) -> str:
+  """A short name for the instruction a log entry is about."""
+  fusion = _first(log, 'fusion_name')
+  if fusion:
+    return fusion
+  for text in _find(log, 'instruction'):
+    if isinstance(text, str):
+      return text.split('=', 1)[0].strip()[:60]
+    for name in _find(text, 'name'):
+      if isinstance(name, str):
+        return name
+  return '?'
+
+
+def summarize(tree: dict) -> dict:
+  """Per instruction: candidates, failures, summed and best run time, the first's run time."""
+  rows = []
+  for log in tree.get('logs', []):
+    times, failures = [], 0
+    for result in log.get('results', []):
+      if 'failure' in result:
+        failures += 1
+      t = seconds(_first(result, 'run_time'))
+      if t is not None and 'failure' not in result:
+        times.append(t)
+    rows.append(
+      {
+        'label': _label(log),
+        'candidates': len(log.get('results', [])),
+        'failures': failures,
+        'sum_s': sum(times),
+        'best_s': min(times) if times else None,
+        'first_s': times[0] if times else None,
+      }
+    )
+  return {
+    'instructions': len(rows),
+    'candidates': sum(r['candidates'] for r in rows),
+    'failures': sum(r['failures'] for r in rows),
+    'sum_s': sum(r['sum_s'] for r in rows),
+    'best_s': sum(r['best_s'] or 0.0 for r in rows),
+    'first_s': sum(r['first_s'] or 0.0 for r in rows),
+    'rows': rows,
+  }
+
+
+def render(s: dict, top: int) -> str:
+  lines = [
+    f'{s["instructions"]} instructions autotuned, {s["candidates"]} candidates timed '
+    f'({s["failures"]} failed).',
+    f'Candidates\' measured run times add up to {s["sum_s"]:.3f} s of GPU time (one measured '
+    'run each as logged; the compile also spends host time building each candidate).',
+    f'Sum of each instruction\'s best candidate: {1e3 * s["best_s"]:.2f} ms; of its first '
+    f'listed candidate: {1e3 * s["first_s"]:.2f} ms'
+    + (f' ({s["first_s"] / s["best_s"]:.2f}x)' if s['best_s'] else '')
+    + ' (the first listed is what --autotune_level=0 takes if the log keeps the order tried).',
+    '',
+    '| instruction | candidates | failed | candidates\' time ms | best ms | first ms |',
+    '|---|---|---|---|---|---|',
+  ]
+  for r in sorted(s['rows'], key=lambda r: -r['sum_s'])[:top]:
+    best = '' if r['best_s'] is None else f'{1e3 * r["best_s"]:.3f}'
+    first = '' if r['first_s'] is None else f'{1e3 * r["first_s"]:.3f}'
+    lines.append(
+      f'| {r["label"]} | {r["candidates"]} | {r["failures"]} | {1e3 * r["sum_s"]:.1f} | '
+      f'{best} | {first} |'
+    )
+  return '\n'.join(lines)
+
+
+def main(argv: list[str]) -> int:
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('log')
+  p.add_argument('--top', type=int, default=15)
+  a = p.parse_args(argv)
+  try:
+    with open(a.log) as f:
+      tree = parse(f.read())
+  except (OSError, ValueError) as e:
+    print(f'autotune_log: {e}', file=sys.stderr)
+    return 2
+  print(render(summarize(tree), a.top))
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))
