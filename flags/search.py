@@ -76,6 +76,19 @@ AUTOTUNE_LEVEL = flags.DEFINE_integer(
   lower_bound=0,
   upper_bound=4,
 )
+PROBE_AUTOTUNE_LEVEL = flags.DEFINE_integer(
+  'probe_autotune_level',
+  None,
+  "Search with compile-only probes whose convolutions and matmuls XLA autotunes at this level "
+  '(0: not at all), then compile the batch they find with the run\'s own autotuning and run '
+  'it: one autotuned compile instead of one a probe, for convolution networks whose autotuning '
+  'at full-memory batches takes many minutes. The probes\' out-of-memory bound stands only if '
+  'both compiles forecast the same bytes at that batch (checked, and in the result); otherwise '
+  'the search goes on autotuned. Not with --batch_size, --predict, --search_resume or '
+  '--verify_predicted_oom.',
+  lower_bound=0,
+  upper_bound=4,
+)
 AUTOTUNE_CACHE_DIR = flags.DEFINE_string(
   'autotune_cache_dir',
   None,

@@ -40,6 +40,9 @@ class Options:
   search_resume: bool = False
   # Run each probe predicted to fit (the default), or only the largest fit, before its timing.
   run_every_fit: bool = True
+  # Probe compile-only with XLA's autotuning at this level, then compile and run only the batch
+  # found with the run's own autotuning (search.find_max_batch_probing); None: probe as run.
+  probe_autotune_level: int | None = None
 
 
 class Interrupted(KeyboardInterrupt):
@@ -249,18 +252,40 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       progress.trials.extend(known)
       if known:
         log(f'  {w.name}: resumed from {len(known)} earlier trials: ' + _trials_text(w, known))
-    found = search.find_max_batch(
-      program,
-      budget,
-      opts.max_examples,
-      opts.verify_predicted_oom,
-      on_trial=on_trial,
-      tolerance=opts.search_tolerance,
-      hints=peaks,
-      on_phase=on_phase,
-      known=known,
-      run_every_fit=opts.run_every_fit,
-    )
+    if opts.probe_autotune_level is not None and budget is not None:
+      level = opts.probe_autotune_level
+      found, check = search.find_max_batch_probing(
+        program,
+        program.autotuned_at(level),
+        level,
+        budget,
+        opts.max_examples,
+        on_trial=on_trial,
+        tolerance=opts.search_tolerance,
+        hints=peaks,
+        on_phase=on_phase,
+        run_every_fit=opts.run_every_fit,
+      )
+      result['search']['probe'] = {
+        'autotune_level': level,
+        'check': None if check is None else dataclasses.asdict(check),
+      }
+      if check is not None:
+        verdict = 'the same bytes' if check.equal else 'other bytes: searched on autotuned'
+        log(f'  {w.name}: autotuned at {check.examples * w.example_size(cfg)} {w.unit}: {verdict}')
+    else:
+      found = search.find_max_batch(
+        program,
+        budget,
+        opts.max_examples,
+        opts.verify_predicted_oom,
+        on_trial=on_trial,
+        tolerance=opts.search_tolerance,
+        hints=peaks,
+        on_phase=on_phase,
+        known=known,
+        run_every_fit=opts.run_every_fit,
+      )
   result['search'].update(
     trials=[dataclasses.asdict(t) for t in found.trials],
     seconds=round(found.seconds, 2),
@@ -317,7 +342,8 @@ def trial_line(w: wl.Workload, t: search.Trial) -> str:
   )
   comp = '' if t.compile_s is None else f' compile {t.compile_s:.1f}s'
   why = f' ({t.detail})' if t.detail and not t.fits else ''
-  return f'  {w.name}: batch {t.batch} {w.unit}: {t.outcome}{peak}{comp}{why}'
+  level = '' if t.autotune_level is None else f' [autotune level {t.autotune_level}]'
+  return f'  {w.name}: batch {t.batch} {w.unit}: {t.outcome}{peak}{comp}{level}{why}'
 
 
 def _trials_text(w: wl.Workload, trials: list[search.Trial]) -> str:

@@ -81,6 +81,15 @@ def plan(f) -> Plan:
       '--norun_every_fit decides fits by their forecast, --verify_predicted_oom runs what the '
       'forecast rules out: give one of them'
     )
+  probe_level = getattr(f, 'probe_autotune_level', None)
+  if probe_level is not None:
+    for given, what in (
+      (f.batch_size is not None, '--batch_size (a fixed batch has no search)'),
+      (getattr(f, 'search_resume', False), '--search_resume (its probes are cheap to redo)'),
+      (f.verify_predicted_oom, '--verify_predicted_oom (its probes run nothing)'),
+    ):
+      if given:
+        raise UsageError(f'--probe_autotune_level is for a search: not with {what}')
   if f.steps < f.windows:
     raise UsageError(f'--steps ({f.steps}) must be at least --windows ({f.windows})')
   if f.batch_size is not None and f.batch_size <= 0:
@@ -130,6 +139,7 @@ def plan(f) -> Plan:
     search_hints=tuple(f.search_hints),
     search_resume=bool(getattr(f, 'search_resume', False)),
     run_every_fit=bool(getattr(f, 'run_every_fit', True)),
+    probe_autotune_level=probe_level,
   )
   return Plan(
     'describe' if f.describe else 'run',

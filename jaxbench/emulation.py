@@ -83,6 +83,10 @@ def request(f) -> Request:
       raise ValueError('--predict searches the max batch: it takes no --batch_size')
     if not getattr(f, 'run_every_fit', True):
       raise ValueError('--norun_every_fit is for runs: --predict runs nothing')
+    if getattr(f, 'probe_autotune_level', None) is not None:
+      raise ValueError(
+        '--probe_autotune_level is for runs: --predict compiles only (give --autotune_level)'
+      )
     return Request(PREDICT, tuple(gpus), target)
   if f.gpus:
     raise ValueError('--gpus runs many cards: give --store=FILE for a sweep, or --predict')

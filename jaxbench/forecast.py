@@ -41,7 +41,7 @@ def _peaks(records: Iterable[dict[str, Any]], deviceless: bool) -> dict[tuple[st
     if bool((r.get('device') or {}).get('deviceless')) != deviceless:
       continue
     for t in (r.get('search') or {}).get('trials') or []:
-      if t.get('predicted_peak_bytes'):
+      if t.get('predicted_peak_bytes') and t.get('autotune_level') is None:  # not a probe's
         out[(hints.program_key(r), int(t['examples']))] = int(t['predicted_peak_bytes'])
   return out
 

@@ -111,8 +111,8 @@ def decided(paths: Iterable[str], head: dict[str, Any], budget: int | None) -> l
     if _memory(r) != memory or (r.get('search') or {}).get('mode') == 'predict':
       continue  # another memory; or a compile-only search, which ran nothing
     for t in (r.get('search') or {}).get('trials') or []:
-      if t.get('outcome') not in search.DECIDED:
-        continue
+      if t.get('outcome') not in search.DECIDED or t.get('autotune_level') is not None:
+        continue  # undecided; or a probe of another program (find_max_batch_probing)
       trial = search.Trial(**{k: v for k, v in t.items() if k in fields})
       trial.earlier = trial.earlier or r.get('timestamp')
       peak = trial.predicted_peak_bytes
@@ -137,14 +137,15 @@ def forecasts(paths: Iterable[str], head: dict[str, Any]) -> dict[int, tuple[int
   the same program (program_key) the same way: on the device, or for the same target without
   one (device.deviceless), as `head` is. A forecast holds whatever memory its run had, so the
   memory cap is not compared; a step loaded from the compilation cache forecasts what its
-  compile did. Later records win where two give the same n."""
+  compile did. A --probe_autotune_level run's probes are another program's (autotuned at
+  another level) and are left out. Later records win where two give the same n."""
   deviceless = bool((head.get('device') or {}).get('deviceless'))
   found: dict[int, tuple[int, str | None]] = {}
   for r in _same_program(paths, head):
     if bool((r.get('device') or {}).get('deviceless')) != deviceless:
       continue
     for t in (r.get('search') or {}).get('trials') or []:
-      if t.get('predicted_peak_bytes'):
+      if t.get('predicted_peak_bytes') and t.get('autotune_level') is None:
         when = t.get('earlier') or r.get('timestamp')
         found[int(t['examples'])] = (int(t['predicted_peak_bytes']), when)
   return found

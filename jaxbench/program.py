@@ -1,5 +1,6 @@
 """A workload's train step compiled at one batch size, its memory forecast, and its run."""
 
+import copy
 import dataclasses
 import functools
 import gc
@@ -90,6 +91,17 @@ class Program:
     self._batch = jax.jit(self.trainer.make_batch, static_argnums=(1,))
     self._host_state = None  # workload.eager_init: the initial state in host memory
     self.init_s: float | None = None  # the first initialization's seconds, compile included
+    # XLA options for this program's compiles only (DebugOptions fields, as XLA_FLAGS names them
+    # without the dashes); None: the process's XLA_FLAGS alone.
+    self.compiler_options: dict[str, Any] | None = None
+
+  def autotuned_at(self, level: int) -> 'Program':
+    """The same step, compiled with XLA's GEMM and convolution autotuning at `level` (0: off)
+    whatever XLA_FLAGS say: a program of its own (its compiles, its cache entries), sharing
+    this one's model and built state. For compile-only forecasts (search.find_max_batch_probing)."""
+    other = copy.copy(self)
+    other.compiler_options = {**(self.compiler_options or {}), 'xla_gpu_autotune_level': level}
+    return other
 
   def param_counts(self) -> dict[str, int]:
     return wl.param_counts(self.trainer, self.state_shapes)
@@ -131,7 +143,7 @@ class Program:
 
       args = deviceless.abstract((*args[:2], jax.eval_shape(lambda: self.rng)), self.target)
     with jax.default_matmul_precision(self.policy.matmul_precision):  # thread-local: set here
-      return self._step.lower(*args).compile()
+      return self._step.lower(*args).compile(compiler_options=self.compiler_options)
 
   def initial_state(self):
     """A fresh initial training state on the device (the step donates it)."""

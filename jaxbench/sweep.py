@@ -291,6 +291,8 @@ def passthrough(f) -> list[str]:
   ]
   if f.autotune_level is not None:
     args.append(f'--autotune_level={f.autotune_level}')
+  if getattr(f, 'probe_autotune_level', None) is not None:
+    args.append(f'--probe_autotune_level={f.probe_autotune_level}')
   if f.compilation_cache_dir:
     args.append(f'--compilation_cache_dir={f.compilation_cache_dir}')
   if getattr(f, 'autotune_cache_dir', None):

@@ -1,14 +1,17 @@
 """Sum up XLA's autotuning log (jaxbench --autotune_log=FILE.txt): where a compile's time went.
 
-The log is an `xla.AutotuningLogs` text proto: one `logs` entry per autotuned instruction
-(a convolution or a matmul), each with one `results` entry per candidate the autotuner timed
-(its `run_time`, `scratch_bytes`, or a `failure`). This prints how many instructions and
-candidates there were, the GPU time the candidates' measured runs add up to, and the
-instructions whose candidates took longest. It also prints, for each instruction, the best
-candidate against the first one listed: with `--autotune_level=0` XLA takes the first
-candidate it would have tried, so "first / best" is what turning autotuning off would cost
-that instruction, as far as the order of the log is the autotuner's order (an assumption, said
-in the output).
+The log is a text proto in one of two layouts. XLA's autotuner of 2025 on (jax 0.11.2 on the
+H200) writes one `instruction_profiles` entry per autotuned instruction (a convolution, a
+matmul, or a fusion whose emitters it compares), each with one `config_profiles` entry per
+candidate it timed: the candidate's `config` (its `backend`: CUDNN, CUBLASLT, NATIVE_EMITTER,
+BLOCK_LEVEL_EMITTER...), its `run_time` and `scratch_bytes`, and the instruction's `hlo_text`.
+Older XLA writes `xla.AutotuningLogs`: `logs` entries with `results`. This prints how many
+instructions and candidates there were, the GPU time the candidates' measured runs add up to,
+per backend, and the instructions whose candidates took longest. It also prints, for each
+instruction, the best candidate against the first one listed: with `--autotune_level=0` XLA
+takes the first candidate it would have tried, so "first / best" is what turning autotuning off
+would cost that instruction, as far as the order of the log is the autotuner's order (an
+assumption, said in the output).
 
   python3 scripts/autotune_log.py FILE.txt [--top N]
 """
@@ -92,6 +95,9 @@ def _label(log: dict) -> str:
   fusion = _first(log, 'fusion_name')
   if fusion:
     return fusion
+  hlo = _first(log, 'hlo_text')
+  if hlo:
+    return hlo.split('=', 1)[0].strip().lstrip('%')
   for text in _find(log, 'instruction'):
     if isinstance(text, str):
       return text.split('=', 1)[0].strip()[:60]
@@ -103,19 +109,23 @@ def _label(log: dict) -> str:
 
 def summarize(tree: dict) -> dict:
   """Per instruction: candidates, failures, summed and best run time, the first's run time."""
-  rows = []
-  for log in tree.get('logs', []):
+  rows, backends = [], {}
+  for log in tree.get('instruction_profiles', []) + tree.get('logs', []):
     times, failures = [], 0
-    for result in log.get('results', []):
+    candidates = log.get('config_profiles', []) + log.get('results', [])
+    for result in candidates:
       if 'failure' in result:
         failures += 1
       t = seconds(_first(result, 'run_time'))
       if t is not None and 'failure' not in result:
         times.append(t)
+      backend = next((b for b in _find(result, 'backend') if isinstance(b, str)), '?')
+      n, total = backends.get(backend, (0, 0.0))
+      backends[backend] = (n + 1, total + (t or 0.0))
     rows.append(
       {
         'label': _label(log),
-        'candidates': len(log.get('results', [])),
+        'candidates': len(candidates),
         'failures': failures,
         'sum_s': sum(times),
         'best_s': min(times) if times else None,
@@ -130,6 +140,7 @@ def summarize(tree: dict) -> dict:
     'best_s': sum(r['best_s'] or 0.0 for r in rows),
     'first_s': sum(r['first_s'] or 0.0 for r in rows),
     'rows': rows,
+    'backends': backends,
   }
 
 
@@ -143,6 +154,12 @@ def render(s: dict, top: int) -> str:
     f'listed candidate: {1e3 * s["first_s"]:.2f} ms'
     + (f' ({s["first_s"] / s["best_s"]:.2f}x)' if s['best_s'] else '')
     + ' (the first listed is what --autotune_level=0 takes if the log keeps the order tried).',
+    'By backend: '
+    + '; '.join(
+      f'{b} {n} candidates, {t:.3f} s'
+      for b, (n, t) in sorted(s['backends'].items(), key=lambda kv: -kv[1][1])
+    )
+    + '.',
     '',
     '| instruction | candidates | failed | candidates\' time ms | best ms | first ms |',
     '|---|---|---|---|---|---|',

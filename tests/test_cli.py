@@ -81,6 +81,13 @@ def started(*args, stderr=subprocess.PIPE):
     (['--model=bert_base', '--norun_every_fit', '--batch_size=8'], 'is for searches'),
     (['--model=bert_base', '--norun_every_fit', '--verify_predicted_oom'], 'give one of them'),
     (['--model=bert_base', '--norun_every_fit', '--predict', '--memory_gb=8'], 'runs nothing'),
+    (['--model=bert_base', '--probe_autotune_level=0', '--batch_size=8'], 'not with --batch_size'),
+    (
+      ['--model=bert_base', '--probe_autotune_level=0', '--verify_predicted_oom'],
+      'not with --verify_predicted_oom',
+    ),
+    (['--model=bert_base', '--probe_autotune_level=0', '--predict', '--gpu=t4'], 'compiles only'),
+    (['--model=bert_base', '--probe_autotune_level=5'], 'probe_autotune_level'),
     (['--no_such_flag'], 'no_such_flag'),
     ([], '--model'),
     (['--model=bert_base', 'stray'], 'unexpected arguments'),

@@ -593,3 +593,74 @@ def test_hints_off_by_a_few_percent_aim_through_the_searchs_own_forecast():
   got = search.find_max_batch(p, 16_620, run_steps=0, hints=hints)
   assert got.max_examples == 158
   assert p.compiled == [166, 158, 159]  # without the rule: 166, 165, ...
+
+
+def test_cheap_probes_then_one_autotuned_compile_when_the_forecasts_agree():
+  """--probe_autotune_level: the probes compile the cheap program only; the program itself
+  compiles and runs the max alone, and the answer is the plain search's."""
+  want = search.find_max_batch(FakeProgram(a=0, b=10), 3615)
+  cheap, real, seen = FakeProgram(a=0, b=10), FakeProgram(a=0, b=10), []
+  got, check = search.find_max_batch_probing(real, cheap, 0, 3615, on_trial=seen.append)
+  assert got.max_examples == want.max_examples == 361 and got.best.n == 361
+  assert cheap.ran == [] and len(cheap.compiled) >= 2  # compile-only probes
+  assert real.compiled == [361] and real.ran == [361]  # one autotuned compile, run
+  assert check == search.ProbeCheck(361, 3610, 3610, True)
+  assert [t.autotune_level for t in got.trials] == [0] * len(cheap.compiled) + [None]
+  assert seen == got.trials  # every trial reported as it ends
+  assert got.trials[-1].run_s is not None and all(t.run_s is None for t in got.trials[:-1])
+
+
+@pytest.mark.parametrize('real_a', [-25, 25])  # the autotuned program forecasts less, or more
+def test_forecasts_that_differ_send_the_search_on_autotuned_to_the_same_answer(real_a):
+  want = search.find_max_batch(FakeProgram(a=real_a, b=10), 3615)
+  real = FakeProgram(a=real_a, b=10)
+  got, check = search.find_max_batch_probing(real, FakeProgram(a=0, b=10), 0, 3615)
+  assert not check.equal and check.examples == 361
+  assert got.max_examples == want.max_examples and got.error is None
+  assert got.best.n == got.max_examples and got.max_examples in real.ran
+  autotuned = [t for t in got.trials if t.autotune_level is None]
+  assert {t.examples for t in autotuned} >= {got.max_examples, got.max_examples + 1}
+
+
+def test_a_max_that_fails_its_run_sends_the_search_on_autotuned():
+  real = FakeProgram(a=0, b=10, run_fails_above=300)
+  got, check = search.find_max_batch_probing(real, FakeProgram(a=0, b=10), 0, 3615)
+  assert check.equal  # the forecasts agree; the device does not
+  assert got.max_examples == 300 and got.best.n == 300 and 300 in real.ran
+
+
+def test_probing_where_nothing_fits_compiles_nothing_autotuned():
+  real = FakeProgram(a=5000, b=10)
+  got, check = search.find_max_batch_probing(real, FakeProgram(a=5000, b=10), 0, 3615)
+  assert got.max_examples == 0 and check is None and real.compiled == []
+
+
+def test_probing_on_the_tiny_transformer_finds_the_plain_searchs_max(tmp_path):
+  """On the CPU the autotune level changes nothing, so the check must pass; the record says
+  which trials were probes (and hints of a later run leave them out as another program's)."""
+  w = registry.get('bert_base')
+  memory = bench.backend.MemorySetup(None, None, None, False)
+  opts = bench.Options(tiny=True, steps=1, windows=1, warmup_steps=0)
+  plain = bench.run(w, opts, memory)
+  lines = []
+  probed = bench.run(w, dataclasses.replace(opts, probe_autotune_level=0), memory, lines.append)
+  assert probed['status'] == plain['status'] == 'ok'
+  assert probed['max_batch'] == plain['max_batch']
+  n = probed['max_examples']
+  assert probed['search']['probe'] == {
+    'autotune_level': 0,
+    'check': {
+      'examples': n,
+      'probe_peak_bytes': probed['measurement']['predicted_peak_bytes'],
+      'peak_bytes': probed['measurement']['predicted_peak_bytes'],
+      'equal': True,
+    },
+  }
+  trials = probed['search']['trials']
+  assert all(t['autotune_level'] == 0 and t['run_s'] is None for t in trials[:-1])
+  assert trials[-1]['autotune_level'] is None and trials[-1]['examples'] == n
+  assert any('[autotune level 0]' in line for line in lines)
+  assert any('the same bytes' in line for line in lines)
+  path = tmp_path / 'probed.jsonl'
+  path.write_text(json.dumps(probed) + '\n')
+  assert set(bench.hints.forecasts([str(path)], probed)) == {n}  # the autotuned compile only
