@@ -326,12 +326,14 @@ def find_max_batch_probing(
   that compile forecasts the same bytes as the probe's, it is run (and so decided), and the
   probes' out-of-memory bound above it stands: the search is done with one autotuned compile.
   The equality is checked, not assumed, at that batch; that it holds one example above too is
-  the assumption, resting on what the H200 showed (deeplabv3 bf16 at 8 images: 7,196,019,536 B at
-  level 0 and at level 4; yolov3 fp32 at 187: the same bytes at levels 1 and 4). If the two
-  forecasts differ, or the batch fails its run, the probes decide nothing more: the search goes
-  on with `program` alone from that trial, aimed by every forecast so far. Returns the result
-  (every probe's trial marked with its autotune_level) and the check (None when nothing fitted
-  the probes or they stopped on an error).
+  the assumption. On the H200 the levels forecast the same bytes for deeplabv3 bf16 at 8 images
+  (7,196,019,536 B at level 0 and at level 4) and yolov3 fp32 at 187 (levels 1 and 4), and not for
+  pix2pixhd fp32 at one image (13.10 GB at level 0, 14.05 GB autotuned: the algorithms the
+  autotuner picks have larger workspaces). If the two forecasts differ, or the batch fails its
+  run, the probes decide nothing more: the search goes on with `program` alone from that trial,
+  aimed by every forecast so far (the probes' line, offset to this compile's own forecast).
+  Returns the result (every probe's trial marked with its autotune_level) and the check (None
+  when nothing fitted the probes or they stopped on an error).
   """
 
   def tagged(t: Trial) -> None:
