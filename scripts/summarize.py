@@ -71,6 +71,8 @@ def chain(r: dict) -> str:
     if t.get('cached'):
       compile_s = f" (cache {t['compile_s']:.1f} s)"
     earlier = f" [run of {t['earlier']}]" if t.get('earlier') else ''  # --search_resume
+    if t.get('autotune_level') is not None:  # --probe_autotune_level: a compile-only probe
+      earlier += f" [autotune level {t['autotune_level']}]"
     steps.append(f"{t['batch']:,} {what}{peak}{compile_s}{earlier}")
   head = f"{workload(r)} {r['precision']}, {memory(r)} [{r['status']}]"
   error = f" ({r['error']})" if r.get('error') else ''

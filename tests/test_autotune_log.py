@@ -56,3 +56,43 @@ def test_a_broken_log_is_one_line_and_status_2(tmp_path):
     text=True,
   )
   assert r.returncode == 2 and r.stderr.count('\n') == 1 and 'unbalanced' in r.stderr
+
+
+# XLA's autotuner of 2025 on (jax 0.11.2 on the H200) writes instruction_profiles instead.
+PROFILES = '''
+device: "ed0e56ab8b2a0ecb"
+per_backend_versions { key: "CUDNN" value: "9.19.0" }
+instruction_profiles {
+  hlo_fingerprint: "03c3"
+  config_profiles {
+    config { backend: CUDNN backend_config { algorithm { algo_id: 28 } } }
+    run_time { nanos: 272249450 }
+  }
+  config_profiles {
+    config { backend: CUDNN backend_config { algorithm { algo_id: 22 } } }
+    run_time { nanos: 600128 }
+    scratch_bytes: 214327312
+  }
+  config_profiles {
+    config { backend: CUDNN backend_config { algorithm { workspace_size { } } } }
+    run_time { seconds: 2 nanos: 606488281 }
+  }
+  hlo_text: "%cudnn-conv.593 = (bf16[1,3,3,1536], u8[0]) custom-call(%a) metadata={op_name=\\"x\\"}"
+}
+instruction_profiles {
+  hlo_fingerprint: "0115"
+  config_profiles { config { backend: NATIVE_EMITTER } run_time { nanos: 3424 } }
+  hlo_text: "%input_transpose_fusion.10 = bf16[2048,3,3,1]{3,2,1,0} fusion(%p), kind=kInput"
+}
+'''
+
+
+def test_it_reads_the_autotuners_instruction_profiles():
+  s = autotune_log.summarize(autotune_log.parse(PROFILES))
+  assert (s['instructions'], s['candidates'], s['failures']) == (2, 4, 0)
+  conv, fusion = s['rows']
+  assert (conv['label'], fusion['label']) == ('cudnn-conv.593', 'input_transpose_fusion.10')
+  assert abs(conv['best_s'] - 600128e-9) < 1e-12 and abs(conv['first_s'] - 0.27224945) < 1e-12
+  assert s['backends']['CUDNN'][0] == 3 and abs(s['backends']['CUDNN'][1] - 2.879337859) < 1e-9
+  assert s['backends']['NATIVE_EMITTER'] == (1, 3424e-9)
+  assert 'By backend: CUDNN 3 candidates' in autotune_log.render(s, top=5)
