@@ -35,4 +35,4 @@ def test_the_daemon_outlives_start_hears_sigint_and_wait_copies_its_files(tmp_pa
   assert 'phase 1 starts' in log and 'phase 2 starts' in log and 'ended' in log
   ignored = int(re.search(r'SigIgn:\s*([0-9a-f]+)', log).group(1), 16)
   assert not ignored & (1 << (signal.SIGINT - 1)), log
-  assert {p.name for p in out.iterdir()} >= {'results1.jsonl', 'summary.md', 'logs.tgz'}
+  assert {p.name for p in out.iterdir()} >= {'results1.jsonl', 'summary.md', 'logs.tgz', 'atc.tgz'}
