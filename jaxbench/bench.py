@@ -252,6 +252,8 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       progress.trials.extend(known)
       if known:
         log(f'  {w.name}: resumed from {len(known)} earlier trials: ' + _trials_text(w, known))
+    if opts.probe_autotune_level is not None and budget is None:
+      log(f'  {w.name}: no memory budget known, so no compile-only probes: searched autotuned')
     if opts.probe_autotune_level is not None and budget is not None:
       level = opts.probe_autotune_level
       found, check = search.find_max_batch_probing(
