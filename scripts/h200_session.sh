@@ -48,6 +48,17 @@ case "${1:-}" in
       echo \"daemon \$\$, signals ignored (/proc): \$(grep SigIgn /proc/\$\$/status 2>/dev/null)\"
       cd '$S/repo' || exit 1
       export PYTHONUNBUFFERED=1
+      # XLA's autotuner logs each instruction it looks up, tunes and settles (VLOG 1, with the
+      # time of day), so that a compile cut at the deadline still shows how far its autotuning
+      # got and where the time went (session 12: one compile of stylegan bf16 ran 27 minutes
+      # and left no trace of its progress). Set TF_CPP_VMODULE beforehand to log otherwise.
+      export TF_CPP_VMODULE=\${TF_CPP_VMODULE:-config_assigner=1,autotuner=1}
+      # And whether the autotune cache fills as the compile goes (XLA inserts each
+      # instruction's result when it is settled) or not at all (session 12: empty after 27 min).
+      ( while sleep 60; do
+          echo \"\$(date -u +%TZ) \$(find /tmp/atc -type f | wc -l) files in /tmp/atc\"
+        done ) >'$S/atc_count.log' 2>&1 &
+      watcher=\$!
       start=\$(date +%s)
       echo \"phase 1 starts \$(date -u +%FT%TZ): $JOBS1, $SLOTS1 a GPU, until $END1 s\"
       python3 scripts/gpu_queue.py '$JOBS1' '$S/q1' '$END1' 1 '$SLOTS1'
@@ -55,6 +66,7 @@ case "${1:-}" in
       echo \"phase 2 starts \$(date -u +%FT%TZ): $JOBS2, \$left s left\"
       python3 scripts/gpu_queue.py '$JOBS2' '$S/q2' \"\$left\" 1 1
       echo \"ended \$(date -u +%FT%TZ)\"
+      kill \$watcher 2>/dev/null
     " >"$S/daemon.log" 2>&1 </dev/null &
     # The daemon writes its own pid: under job control setsid forks, and $! would be its parent.
     for _ in 1 2 3 4 5 6 7 8 9 10; do [ -s "$S/daemon.pid" ] && break; sleep 0.5; done
@@ -74,7 +86,7 @@ case "${1:-}" in
     done
     (cd "$S/repo" && cat "$S"/q*/results.jsonl >"$S/all.jsonl" && python3 scripts/summarize.py \
       "$S/all.jsonl") >"$OUT/summary.md" 2>&1
-    (cd "$S" && tar czf "$OUT/logs.tgz" --exclude=results.jsonl daemon.log q1 q2 2>/dev/null)
+    (cd "$S" && tar czf "$OUT/logs.tgz" --exclude=results.jsonl daemon.log atc_count.log q1 q2 2>/dev/null)
     # The autotune cache so far (small: 1.7 MB for deeplabv3 bf16 at 8 images), for the next
     # session to carry: a full-memory compile's autotuning can outlast a session.
     tar czf "$OUT/atc.tgz" -C /tmp atc

@@ -5,6 +5,7 @@ import re
 import signal
 import subprocess
 import sys
+import tarfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, 'scripts', 'h200_session.sh')
@@ -36,3 +37,5 @@ def test_the_daemon_outlives_start_hears_sigint_and_wait_copies_its_files(tmp_pa
   ignored = int(re.search(r'SigIgn:\s*([0-9a-f]+)', log).group(1), 16)
   assert not ignored & (1 << (signal.SIGINT - 1)), log
   assert {p.name for p in out.iterdir()} >= {'results1.jsonl', 'summary.md', 'logs.tgz', 'atc.tgz'}
+  with tarfile.open(out / 'logs.tgz') as logs:  # the autotune cache's file count, once a minute
+    assert 'atc_count.log' in logs.getnames()

@@ -1,0 +1,68 @@
+"""Checks a job file of scripts/gpu_queue.py on this host before device time is spent on it.
+
+  python3 scripts/check_jobs.py scripts/jobs/h200_pending.txt [...]
+
+Each job line is given to `python -m jaxbench.main LINE --describe` on the CPU: jaxbench parses
+and validates the flags as the real run would (unknown flags, conflicting flags, --steps below
+--windows, ...), describes the workload and stops, so nothing compiles. A line that would be
+refused is printed with its line number and jaxbench's one-line error, and the exit status is 1.
+Lines that sweep several cards (--gpus) are not checked: their parent process runs the sweep
+before it reads --describe. Session 12 wrote this after a pending list whose stylegan and
+pix2pixhd lines (--steps=3 with --windows=5) would each have been refused on the GPU.
+"""
+
+import concurrent.futures
+import os
+import shlex
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_queue  # noqa: E402  (parse: the queue's own reading of a job line)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def jobs(path: str) -> list[tuple[int, str]]:
+  """(line number, arguments) of each job in the file, as the queue reads it."""
+  with open(path) as f:
+    lines = list(enumerate(f, 1))
+  return [
+    (n, gpu_queue.parse(line)[0])
+    for n, line in lines
+    if line.strip() and not line.lstrip().startswith('#')
+  ]
+
+
+def check(args: str) -> str | None:
+  """None if jaxbench accepts the arguments; else its error line (or why it could not say)."""
+  argv = shlex.split(args)
+  if any(a.startswith('--gpus') for a in argv):
+    return None
+  env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'CUDA_VISIBLE_DEVICES': ''}
+  cmd = [sys.executable, '-m', 'jaxbench.main', *argv, '--describe']
+  try:
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  except subprocess.TimeoutExpired:
+    return 'jaxbench --describe did not end in 300 s'
+  if r.returncode == 0:
+    return None
+  errors = [line for line in r.stderr.splitlines() if line.startswith('jaxbench: error:')]
+  return errors[-1] if errors else f'exit status {r.returncode}: {r.stderr.strip()[-300:]}'
+
+
+def main(paths: list[str]) -> int:
+  todo = [(path, n, args) for path in paths for n, args in jobs(path)]
+  with concurrent.futures.ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+    verdicts = list(pool.map(lambda job: check(job[2]), todo))
+  bad = [(path, n, why) for (path, n, _), why in zip(todo, verdicts) if why]
+  for path, n, why in bad:
+    print(f'{path}:{n}: {why}')
+  print(f'check_jobs: {len(todo) - len(bad)} of {len(todo)} job lines accepted')
+  return 1 if bad else 0
+
+
+if __name__ == '__main__':
+  if len(sys.argv) < 2:
+    sys.exit('usage: check_jobs.py JOBS_FILE [...]')
+  sys.exit(main(sys.argv[1:]))
