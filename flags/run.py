@@ -12,6 +12,13 @@ DESCRIBE = flags.DEFINE_bool(
   'Print one JSON object per --model workload (name, unit, exact parameter '
   'count from jax.eval_shape, config) without running anything.',
 )
+CHECK = flags.DEFINE_bool(
+  'check',
+  False,
+  'Validate the command as its run would (every flag, conflict and named file; a sweep\'s '
+  'cells too), print one line and exit, building and compiling nothing: for commands queued '
+  'for a GPU (scripts/check_jobs.py).',
+)
 BATCH_SIZE = flags.DEFINE_integer(
   'batch_size',
   None,

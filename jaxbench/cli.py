@@ -13,7 +13,7 @@ class UsageError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  action: str  # 'list', 'describe' or 'run'
+  action: str  # 'list', 'describe', 'check' or 'run'
   workloads: tuple[wl.Workload, ...]
   options: bench.Options
   memory_limit_gb: float | None = None
@@ -45,6 +45,8 @@ def resolve_models(names: list[str]) -> tuple[wl.Workload, ...]:
 
 def plan(f) -> Plan:
   """Check the parsed flags (an object with the flag values as attributes)."""
+  if getattr(f, 'check', False) and (f.describe or f.list_models):
+    raise UsageError('--check validates a run: not with --describe or --list_models')
   if f.list_models and (f.describe or f.model):
     raise UsageError('--list_models takes no --model or --describe')
   if f.list_models:
@@ -142,7 +144,7 @@ def plan(f) -> Plan:
     probe_autotune_level=probe_level,
   )
   return Plan(
-    'describe' if f.describe else 'run',
+    'describe' if f.describe else 'check' if getattr(f, 'check', False) else 'run',
     workloads,
     options,
     f.memory_limit_gb,

@@ -2,13 +2,13 @@
 
   python3 scripts/check_jobs.py scripts/jobs/h200_pending.txt [...]
 
-Each job line is given to `python -m jaxbench.main LINE --describe` on the CPU: jaxbench parses
-and validates the flags as the real run would (unknown flags, conflicting flags, --steps below
---windows, ...), describes the workload and stops, so nothing compiles. A line that would be
-refused is printed with its line number and jaxbench's one-line error, and the exit status is 1.
-Lines that sweep several cards (--gpus) are not checked: their parent process runs the sweep
-before it reads --describe. Session 12 wrote this after a pending list whose stylegan and
-pix2pixhd lines (--steps=3 with --windows=5) would each have been refused on the GPU.
+Each job line is given to `python -m jaxbench.main LINE --check` on the CPU: jaxbench validates
+the command as its run would (unknown flags, conflicting flags, --steps below --windows, files
+named in --search_hints; a sweep's cells too), prints one line and stops, building and compiling
+nothing. A line that would be refused is printed with its line number and jaxbench's one-line
+error (or the queue's, for a tag it does not know), and the exit status is 1. Session 12 wrote
+this after a pending list whose stylegan and pix2pixhd lines (--steps=3 with --windows=5) would
+each have been refused on the GPU.
 """
 
 import concurrent.futures
@@ -23,28 +23,29 @@ import gpu_queue  # noqa: E402  (parse: the queue's own reading of a job line)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def jobs(path: str) -> list[tuple[int, str]]:
-  """(line number, arguments) of each job in the file, as the queue reads it."""
+def jobs(path: str) -> list[tuple[int, str | None, str | None]]:
+  """(line number, arguments, None) of each job in the file as the queue reads it, or (line
+  number, None, why) where the queue would refuse the line's tags."""
+  out = []
   with open(path) as f:
-    lines = list(enumerate(f, 1))
-  return [
-    (n, gpu_queue.parse(line)[0])
-    for n, line in lines
-    if line.strip() and not line.lstrip().startswith('#')
-  ]
+    for n, line in enumerate(f, 1):
+      if not line.strip() or line.lstrip().startswith('#'):
+        continue
+      try:
+        out.append((n, gpu_queue.parse(line).args, None))
+      except ValueError as e:
+        out.append((n, None, str(e)))
+  return out
 
 
 def check(args: str) -> str | None:
   """None if jaxbench accepts the arguments; else its error line (or why it could not say)."""
-  argv = shlex.split(args)
-  if any(a.startswith('--gpus') for a in argv):
-    return None
   env = {**os.environ, 'JAX_PLATFORMS': 'cpu', 'CUDA_VISIBLE_DEVICES': ''}
-  cmd = [sys.executable, '-m', 'jaxbench.main', *argv, '--describe']
+  cmd = [sys.executable, '-m', 'jaxbench.main', *shlex.split(args), '--check']
   try:
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   except subprocess.TimeoutExpired:
-    return 'jaxbench --describe did not end in 300 s'
+    return 'jaxbench --check did not end in 300 s'
   if r.returncode == 0:
     return None
   errors = [line for line in r.stderr.splitlines() if line.startswith('jaxbench: error:')]
@@ -52,10 +53,10 @@ def check(args: str) -> str | None:
 
 
 def main(paths: list[str]) -> int:
-  todo = [(path, n, args) for path in paths for n, args in jobs(path)]
+  todo = [(path, n, args, why) for path in paths for n, args, why in jobs(path)]
   with concurrent.futures.ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
-    verdicts = list(pool.map(lambda job: check(job[2]), todo))
-  bad = [(path, n, why) for (path, n, _), why in zip(todo, verdicts) if why]
+    verdicts = list(pool.map(lambda job: job[3] or check(job[2]), todo))
+  bad = [(path, n, why) for (path, n, _, _), why in zip(todo, verdicts) if why]
   for path, n, why in bad:
     print(f'{path}:{n}: {why}')
   print(f'check_jobs: {len(todo) - len(bad)} of {len(todo)} job lines accepted')

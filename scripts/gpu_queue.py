@@ -43,6 +43,11 @@ every other job has ended, fillers still running are stopped as at the deadline 
 yet started are not started, so that low-priority work (more cards of a table) uses the slots
 the main jobs leave free without holding up what comes after the queue.
 
+A job line that starts with `[limit=S]` (alone or beside `[filler]`, in either order) is stopped
+as at the deadline once it has run S seconds, and the queue goes on with the next job: for a
+job that is worth a bounded share of the session and no more (a diagnostic run, a compile whose
+cost is not known yet).
+
   python3 scripts/gpu_queue.py JOBS OUT DEADLINE_S [GPUS] [SLOTS]
 """
 
@@ -54,6 +59,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jaxbench import report  # noqa: E402  (results I/O only: no JAX in this process)
@@ -73,15 +79,25 @@ def with_hints(argv: list[str], results: str) -> list[str]:
   return [a for a in argv if a not in given] + [f'--search_hints={",".join(files)}']
 
 
-FILLER = '[filler]'
+class Job(NamedTuple):
+  args: str  # the arguments of `python -m jaxbench.main`
+  filler: bool  # [filler]: runs only while other jobs do
+  limit_s: float | None  # [limit=S]: stopped after S seconds, as at the deadline
 
 
-def parse(line: str) -> tuple[str, bool]:
-  """A job line's arguments, and whether it is a filler (the line starts with [filler])."""
-  line = line.strip()
-  if line.startswith(FILLER):
-    return line[len(FILLER) :].strip(), True
-  return line, False
+def parse(line: str) -> Job:
+  """A job line: its tags ([filler], [limit=S], before the arguments) and its arguments."""
+  line, filler, limit = line.strip(), False, None
+  while line.startswith('['):
+    tag, _, line = line[1:].partition(']')
+    line = line.strip()
+    if tag == 'filler':
+      filler = True
+    elif tag.startswith('limit=') and tag[len('limit=') :].replace('.', '', 1).isdigit():
+      limit = float(tag[len('limit=') :])
+    else:
+      raise ValueError(f'unknown job tag [{tag}] (known: [filler], [limit=SECONDS])')
+  return Job(line, filler, limit)
 
 
 def _predicts(argv: list[str]) -> bool:
@@ -157,13 +173,16 @@ def main(argv: list[str]) -> None:
   start = time.monotonic()
   os.makedirs(out, exist_ok=True)
   with open(jobs_file) as f:
-    queue = [parse(line) for line in f if line.strip() and not line.lstrip().startswith('#')]
-  runs = [args for args, _ in queue if not _predicts(shlex.split(args))]
+    try:
+      queue = [parse(line) for line in f if line.strip() and not line.lstrip().startswith('#')]
+    except ValueError as e:
+      sys.exit(f'gpu_queue: {jobs_file}: {e}')
+  runs = [job.args for job in queue if not _predicts(shlex.split(job.args))]
   if slots > 1 and runs:
     sys.exit(f'gpu_queue: {slots} jobs a GPU are for --predict jobs only; this one runs: {runs[0]}')
   lock = threading.Lock()
   summary = []
-  mains_left = [sum(not filler for _, filler in queue)]
+  mains_left = [sum(not job.filler for job in queue)]
   has_mains = mains_left[0] > 0  # fillers alone run as ordinary jobs
   mains_done = threading.Event()  # set once every job that is not a filler has ended
 
@@ -194,7 +213,7 @@ def main(argv: list[str]) -> None:
         if not queue:
           return
         index = len(summary)
-        args, filler = queue.pop(0)
+        args, filler, limit_s = queue.pop(0)
         summary.append(None)
       left = deadline_s - (time.monotonic() - start)
       if left < MIN_START_S or (filler and mains_done.is_set()):
@@ -214,9 +233,13 @@ def main(argv: list[str]) -> None:
         f.write(f'# gpu{gpu}: {shlex.join(cmd)}\n')
         f.flush()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        limited = limit_s is not None and limit_s < left
         try:
-          rc = wait(proc, left, filler)
+          rc = wait(proc, limit_s if limited else left, filler)
         except subprocess.TimeoutExpired:
+          when = f'at its limit of {limit_s:g} s' if limited else 'at the deadline'
+          if filler and mains_done.is_set():
+            when = 'as the other jobs had ended'
           # SIGINT makes jaxbench write its result so far (status 'interrupted'); a job that
           # does not exit within GRACE_S is killed, its thread stacks in its log (see stop).
           rc, killed = stop(proc)
@@ -224,17 +247,15 @@ def main(argv: list[str]) -> None:
             kept = recover(
               progress,
               os.path.join(out, 'results.jsonl'),
-              f'killed at the deadline, no exit {GRACE_S} s after SIGINT',
+              f'killed {when}, no exit {GRACE_S} s after SIGINT',
             )
             rc = (
-              f'{rc} (cut at the deadline; no exit {GRACE_S} s after SIGINT, killed; '
+              f'{rc} (cut {when}; no exit {GRACE_S} s after SIGINT, killed; '
               f'Python thread stacks at the SIGINT and before the kill in {log}; '
               + ('its trials so far appended to the results)' if kept else 'no progress file)')
             )
           else:
-            rc = f'{rc} (cut at the deadline)'
-          if filler and mains_done.is_set():
-            rc = rc.replace('at the deadline', 'as the other jobs had ended')
+            rc = f'{rc} (cut {when})'
       ended(filler)
       kind = ' filler' if filler else ''
       summary[index] = f'{index:02d} gpu{gpu}{kind} rc={rc} {time.monotonic() - t0:.0f}s: {args}'

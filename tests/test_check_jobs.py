@@ -21,11 +21,13 @@ def test_a_refused_line_is_reported_with_its_number_and_the_error(tmp_path):
     '--model=stylegan --tiny --steps=5 --windows=5\n'
     '\n'
     '[filler] --model=stylegan --steps=3 --windows=5\n'
+    '[soon] --model=stylegan\n'
   )
   r = _check(str(jobs))
   assert r.returncode == 1, r.stdout + r.stderr
   assert f'{jobs}:4: jaxbench: error: --steps (3) must be at least --windows (5)' in r.stdout
-  assert '1 of 2 job lines accepted' in r.stdout
+  assert f'{jobs}:5: unknown job tag [soon]' in r.stdout
+  assert '1 of 3 job lines accepted' in r.stdout
 
 
 def test_the_pending_device_queue_is_accepted():

@@ -88,6 +88,8 @@ def started(*args, stderr=subprocess.PIPE):
     ),
     (['--model=bert_base', '--probe_autotune_level=0', '--predict', '--gpu=t4'], 'compiles only'),
     (['--model=bert_base', '--probe_autotune_level=5'], 'probe_autotune_level'),
+    (['--model=bert_base', '--check', '--describe'], '--check validates a run'),
+    (['--model=bert_base', '--check', '--steps=2', '--windows=5'], 'at least --windows'),
     (['--no_such_flag'], 'no_such_flag'),
     ([], '--model'),
     (['--model=bert_base', 'stray'], 'unexpected arguments'),
@@ -109,6 +111,19 @@ def test_bad_input_is_one_line_and_status_2(args, says, tmp_path):
   assert len(lines) == 1 and 'Traceback' not in r.stderr, r.stderr
   assert says in lines[0], lines[0]
   assert not out.exists()  # nothing half-written
+
+
+def test_check_validates_a_run_and_a_sweep_and_builds_nothing(tmp_path):
+  out, store = tmp_path / 'r.jsonl', tmp_path / 'cells.jsonl'
+  r = jaxbench(
+    '--model=stylegan,bert_base', '--precision=bf16', '--batch_size=8', '--check', f'--output={out}'
+  )
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.strip() == 'jaxbench: ok: the flags are valid for stylegan, bert_base'
+  r = jaxbench('--model=bert_base', '--gpus=t4,v100_16', f'--store={store}', '--check')
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.strip() == 'jaxbench: ok: the flags are valid for a sweep of 2 cells'
+  assert not out.exists() and not store.exists()
 
 
 def test_list_models_names_every_workload():

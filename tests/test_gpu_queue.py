@@ -164,3 +164,51 @@ def test_fillers_stop_once_every_other_job_has_ended(tmp_path, monkeypatch):
   assert summary[0].startswith('00 gpu0 rc=0')
   assert summary[1].startswith('01 gpu0 filler rc=130 (cut as the other jobs had ended)')
   assert 'not started (the other jobs had ended)' in summary[2]
+
+
+def test_job_tags_are_read_in_either_order_and_an_unknown_one_is_refused():
+  assert gpu_queue.parse('--model=yolov3') == ('--model=yolov3', False, None)
+  assert gpu_queue.parse('[limit=600] [filler] --model=yolov3') == ('--model=yolov3', True, 600.0)
+  assert gpu_queue.parse(' [filler][limit=90.5]--model=x ') == ('--model=x', True, 90.5)
+  for bad in ('[limit=soon] --model=x', '[later] --model=x', '[limit=] --model=x'):
+    with pytest.raises(ValueError, match='unknown job tag'):
+      gpu_queue.parse(bad)
+
+
+def test_a_job_over_its_limit_is_cut_and_the_queue_goes_on(tmp_path, monkeypatch):
+  jobs = tmp_path / 'jobs.txt'
+  jobs.write_text('[limit=0.5] --model=stylegan --batch_size=8\n--model=yolov3 --batch_size=8\n')
+  waited, stopped = [], []
+
+  class Job:
+    def __init__(self, cmd, env, **kwargs):
+      self.model = next(a for a in cmd if a.startswith('--model='))
+      self.args = cmd
+
+    def wait(self, timeout=None):
+      waited.append((self.model, timeout))
+      if 'stylegan' in self.model:  # runs for ever
+        raise gpu_queue.subprocess.TimeoutExpired(self.args, timeout)
+      return 0
+
+  def stop(proc, *args):
+    stopped.append(proc.model)
+    return 130, False
+
+  monkeypatch.setattr(gpu_queue.subprocess, 'Popen', Job)
+  monkeypatch.setattr(gpu_queue, 'stop', stop)
+  monkeypatch.setattr(gpu_queue.shutil, 'which', lambda name: None)  # no GPU monitor
+  gpu_queue.main(['gpu_queue.py', str(jobs), str(tmp_path / 'q'), '600'])
+  assert waited[0] == ('--model=stylegan', 0.5) and waited[1][0] == '--model=yolov3'
+  assert waited[1][1] > 500  # the rest of the queue's time, not the limit
+  assert stopped == ['--model=stylegan']
+  summary = (tmp_path / 'q' / 'summary.txt').read_text().splitlines()
+  assert summary[0].startswith('00 gpu0 rc=130 (cut at its limit of 0.5 s)')
+  assert summary[1].startswith('01 gpu0 rc=0')
+
+
+def test_a_job_file_with_an_unknown_tag_is_refused_before_anything_runs(tmp_path):
+  jobs = tmp_path / 'jobs.txt'
+  jobs.write_text('--model=yolov3 --batch_size=8\n[soon] --model=yolov3 --batch_size=8\n')
+  with pytest.raises(SystemExit, match=r'unknown job tag \[soon\]'):
+    gpu_queue.main(['gpu_queue.py', str(jobs), str(tmp_path / 'q'), '600'])
