@@ -51,7 +51,8 @@ case "${1:-}" in
       # XLA's autotuner logs each instruction it looks up, tunes and settles (VLOG 1, with the
       # time of day), so that a compile cut at the deadline still shows how far its autotuning
       # got and where the time went (session 12: one compile of stylegan bf16 ran 27 minutes
-      # and left no trace of its progress). Set TF_CPP_VMODULE beforehand to log otherwise.
+      # and left no trace of its progress): scripts/autotune_progress.py JOB.log sums the lines
+      # up. Set TF_CPP_VMODULE beforehand to log otherwise.
       export TF_CPP_VMODULE=\${TF_CPP_VMODULE:-config_assigner=1,autotuner=1}
       # And whether the autotune cache fills as the compile goes (XLA inserts each
       # instruction's result when it is settled) or not at all (session 12: empty after 27 min).
