@@ -53,13 +53,13 @@ def check(args: str) -> str | None:
 
 
 def main(paths: list[str]) -> int:
-  todo = [(path, n, args, why) for path in paths for n, args, why in jobs(path)]
+  queued = [(path, n, args, why) for path in paths for n, args, why in jobs(path)]
   with concurrent.futures.ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
-    verdicts = list(pool.map(lambda job: job[3] or check(job[2]), todo))
-  bad = [(path, n, why) for (path, n, _, _), why in zip(todo, verdicts) if why]
+    verdicts = list(pool.map(lambda job: job[3] or check(job[2]), queued))
+  bad = [(path, n, why) for (path, n, _, _), why in zip(queued, verdicts) if why]
   for path, n, why in bad:
     print(f'{path}:{n}: {why}')
-  print(f'check_jobs: {len(todo) - len(bad)} of {len(todo)} job lines accepted')
+  print(f'check_jobs: {len(queued) - len(bad)} of {len(queued)} job lines accepted')
   return 1 if bad else 0
 
 

@@ -126,6 +126,30 @@ def test_slots_refuse_a_job_that_runs_a_step(tmp_path):
     gpu_queue.main(['gpu_queue.py', str(jobs), str(tmp_path / 'q'), '600', '1', '2'])
 
 
+def _fake_jobs(monkeypatch, wait):
+  """Jobs that never start a process: `wait(job, timeout)` plays each one's Popen.wait (job has
+  .model, .args and .started); the queue's stop only records the job's model. Returns the list
+  of models stopped, as they are."""
+  stopped = []
+
+  class Job:
+    def __init__(self, cmd, env, **kwargs):
+      self.model = next(a for a in cmd if a.startswith('--model='))
+      self.args, self.started = cmd, time.monotonic()
+
+    def wait(self, timeout=None):
+      return wait(self, timeout)
+
+  def stop(proc, *args):
+    stopped.append(proc.model)
+    return 130, False
+
+  monkeypatch.setattr(gpu_queue.subprocess, 'Popen', Job)
+  monkeypatch.setattr(gpu_queue, 'stop', stop)
+  monkeypatch.setattr(gpu_queue.shutil, 'which', lambda name: None)  # no GPU monitor
+  return stopped
+
+
 def test_fillers_stop_once_every_other_job_has_ended(tmp_path, monkeypatch):
   """A [filler] job runs beside the main jobs and is stopped when the last of them ends; a
   filler not yet started by then is not started."""
@@ -135,27 +159,16 @@ def test_fillers_stop_once_every_other_job_has_ended(tmp_path, monkeypatch):
     '[filler] --model=yolov3 --predict --gpus=t4\n'
     '[filler] --model=stylegan --predict --gpus=t4\n'
   )
-  stopped = []
 
-  class Job:
-    def __init__(self, cmd, env, **kwargs):
-      self.model = next(a for a in cmd if a.startswith('--model='))
-      self.args, self.end = cmd, time.monotonic() + (0.3 if 'bert' in self.model else 60)
+  def wait(job, timeout):
+    end = job.started + (0.3 if 'bert' in job.model else 60)
+    if time.monotonic() + (timeout or 0) < end:
+      time.sleep(timeout or 0)
+      raise gpu_queue.subprocess.TimeoutExpired(job.args, timeout)
+    time.sleep(max(0.0, end - time.monotonic()))
+    return 0
 
-    def wait(self, timeout=None):
-      if time.monotonic() + (timeout or 0) < self.end:
-        time.sleep(timeout or 0)
-        raise gpu_queue.subprocess.TimeoutExpired(self.args, timeout)
-      time.sleep(max(0.0, self.end - time.monotonic()))
-      return 0
-
-  def stop(proc, *args):
-    stopped.append(proc.model)
-    return 130, False
-
-  monkeypatch.setattr(gpu_queue.subprocess, 'Popen', Job)
-  monkeypatch.setattr(gpu_queue, 'stop', stop)
-  monkeypatch.setattr(gpu_queue.shutil, 'which', lambda name: None)  # no GPU monitor
+  stopped = _fake_jobs(monkeypatch, wait)
   start = time.monotonic()
   gpu_queue.main(['gpu_queue.py', str(jobs), str(tmp_path / 'q'), '600', '1', '2'])
   assert time.monotonic() - start < 10
@@ -178,26 +191,15 @@ def test_job_tags_are_read_in_either_order_and_an_unknown_one_is_refused():
 def test_a_job_over_its_limit_is_cut_and_the_queue_goes_on(tmp_path, monkeypatch):
   jobs = tmp_path / 'jobs.txt'
   jobs.write_text('[limit=0.5] --model=stylegan --batch_size=8\n--model=yolov3 --batch_size=8\n')
-  waited, stopped = [], []
+  waited = []
 
-  class Job:
-    def __init__(self, cmd, env, **kwargs):
-      self.model = next(a for a in cmd if a.startswith('--model='))
-      self.args = cmd
+  def wait(job, timeout):
+    waited.append((job.model, timeout))
+    if 'stylegan' in job.model:  # runs for ever
+      raise gpu_queue.subprocess.TimeoutExpired(job.args, timeout)
+    return 0
 
-    def wait(self, timeout=None):
-      waited.append((self.model, timeout))
-      if 'stylegan' in self.model:  # runs for ever
-        raise gpu_queue.subprocess.TimeoutExpired(self.args, timeout)
-      return 0
-
-  def stop(proc, *args):
-    stopped.append(proc.model)
-    return 130, False
-
-  monkeypatch.setattr(gpu_queue.subprocess, 'Popen', Job)
-  monkeypatch.setattr(gpu_queue, 'stop', stop)
-  monkeypatch.setattr(gpu_queue.shutil, 'which', lambda name: None)  # no GPU monitor
+  stopped = _fake_jobs(monkeypatch, wait)
   gpu_queue.main(['gpu_queue.py', str(jobs), str(tmp_path / 'q'), '600'])
   assert waited[0] == ('--model=stylegan', 0.5) and waited[1][0] == '--model=yolov3'
   assert waited[1][1] > 500  # the rest of the queue's time, not the limit
