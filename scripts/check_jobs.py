@@ -18,7 +18,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import gpu_queue  # noqa: E402  (parse: the queue's own reading of a job line)
+import gpu_queue  # noqa: E402  (the queue's own reading of a job file)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,14 +27,11 @@ def jobs(path: str) -> list[tuple[int, str | None, str | None]]:
   """(line number, arguments, None) of each job in the file as the queue reads it, or (line
   number, None, why) where the queue would refuse the line's tags."""
   out = []
-  with open(path) as f:
-    for n, line in enumerate(f, 1):
-      if not line.strip() or line.lstrip().startswith('#'):
-        continue
-      try:
-        out.append((n, gpu_queue.parse(line).args, None))
-      except ValueError as e:
-        out.append((n, None, str(e)))
+  for n, line in gpu_queue.job_lines(path):
+    try:
+      out.append((n, gpu_queue.parse(line).args, None))
+    except ValueError as e:
+      out.append((n, None, str(e)))
   return out
 
 

@@ -100,6 +100,14 @@ def parse(line: str) -> Job:
   return Job(line, filler, limit)
 
 
+def job_lines(path: str) -> list[tuple[int, str]]:
+  """(line number, line) of each job line of the file: blank lines and # comments skipped."""
+  with open(path) as f:
+    return [
+      (n, line) for n, line in enumerate(f, 1) if line.strip() and not line.lstrip().startswith('#')
+    ]
+
+
 def _predicts(argv: list[str]) -> bool:
   """Whether the arguments ask for --predict (absl's forms: --predict, --predict=true, ...;
   the last one given counts)."""
@@ -172,11 +180,10 @@ def main(argv: list[str]) -> None:
   slots = int(argv[5]) if len(argv) > 5 else 1
   start = time.monotonic()
   os.makedirs(out, exist_ok=True)
-  with open(jobs_file) as f:
-    try:
-      queue = [parse(line) for line in f if line.strip() and not line.lstrip().startswith('#')]
-    except ValueError as e:
-      sys.exit(f'gpu_queue: {jobs_file}: {e}')
+  try:
+    queue = [parse(line) for _, line in job_lines(jobs_file)]
+  except ValueError as e:
+    sys.exit(f'gpu_queue: {jobs_file}: {e}')
   runs = [job.args for job in queue if not _predicts(shlex.split(job.args))]
   if slots > 1 and runs:
     sys.exit(f'gpu_queue: {slots} jobs a GPU are for --predict jobs only; this one runs: {runs[0]}')
