@@ -9,7 +9,7 @@ import numpy as np
 import optax
 
 from jaxbench import workload as wl
-from models import rbg_init, xception
+from models import depthwise, rbg_init, xception
 
 IGNORE_LABEL = 255
 HEAD_BN_EPS = 1e-5  # DeepLab's ASPP and decoder batch norm
@@ -58,7 +58,7 @@ def head_conv(features, dtype, name):
   )
 
 
-def head_separable(features, rate, dtype, name):
+def head_separable(features, rate, dtype, depthwise_impl, name):
   return xception.SeparableConv(
     features,
     rate=rate,
@@ -67,6 +67,7 @@ def head_separable(features, rate, dtype, name):
     depthwise_init=SEP_DEPTHWISE_INIT,
     pointwise_init=SEP_POINTWISE_INIT,
     dtype=dtype,
+    depthwise_impl=depthwise_impl,
     name=name,
   )
 
@@ -96,7 +97,9 @@ class DeepLabV3Plus(nn.Module):
       head_conv(depth, dtype, 'aspp0')(features, train),
     ]
     for i, rate in enumerate(cfg['atrous_rates'], 1):
-      branches.append(head_separable(depth, rate, dtype, f'aspp{i}')(features, train))
+      branches.append(
+        head_separable(depth, rate, dtype, cfg['depthwise'], f'aspp{i}')(features, train)
+      )
     x = head_conv(depth, dtype, 'concat_projection')(jnp.concatenate(branches, -1), train)
     x = nn.Dropout(cfg['aspp_dropout'], deterministic=not train)(x)
 
@@ -106,7 +109,9 @@ class DeepLabV3Plus(nn.Module):
     low = head_conv(cfg['projection_depth'], dtype, 'feature_projection0')(low_level, train)
     x = jnp.concatenate([resize_bilinear(x, dec, dec), resize_bilinear(low, dec, dec)], -1)
     for i in range(2):
-      x = head_separable(cfg['decoder_depth'], 1, dtype, f'decoder_conv{i}')(x, train)
+      x = head_separable(cfg['decoder_depth'], 1, dtype, cfg['depthwise'], f'decoder_conv{i}')(
+        x, train
+      )
 
     logits = nn.Conv(cfg['classes'], (1, 1), kernel_init=LOGITS_INIT, dtype=dtype, name='logits')(x)
     return resize_bilinear(logits, crop, crop)
@@ -223,6 +228,9 @@ DEEPLABV3_CONFIG = dict(
   total_steps=30000,
   momentum=0.9,
   weight_decay=4e-5,
+  # How the depthwise convolutions are computed (models/depthwise.py): 'shifts' (from session
+  # 13) or XLA's cuDNN grouped convolution, 'cudnn' (the results of sessions 1-12).
+  depthwise='shifts',
 )
 DEEPLABV3_TINY = dict(
   crop=65,
@@ -250,4 +258,5 @@ DEEPLABV3 = wl.Workload(
   trainer=wl.supervised(lambda cfg, dtype: DeepLabV3Plus(cfg, dtype), make_batch, loss, optimizer),
   flops_per_example=flops_per_example,
   family='image',
+  choices={'depthwise': depthwise.IMPLS},
 )

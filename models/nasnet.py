@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxbench import workload as wl
+from models import depthwise as dw
 from models import nasnet_cells as cells
 
 
@@ -48,7 +49,7 @@ class NASNetA(nn.Module):
     def cell(spec, filters, stride, index, name):
       # slim's layer ratio: deeper cells drop more, the last one at 1 - drop_path_keep.
       keep = 1.0 - (index + 1) / total_cells * (1.0 - cfg['drop_path_keep'])
-      return cells.Cell(spec, int(filters), stride, keep, self.dtype, name=name)
+      return cells.Cell(spec, int(filters), stride, keep, self.dtype, cfg['depthwise'], name=name)
 
     x = batch['images'].astype(self.dtype)
     x = cells.conv(
@@ -146,6 +147,8 @@ def _forward_flops(cfg_items):
     if context.method_name == '__call__' and isinstance(layer, nn.Conv):
       cin = args[0].shape[-1] // layer.feature_group_count
       flops.append(2 * cin * out.size * (layer.kernel_size[0] * layer.kernel_size[1]))
+    elif context.method_name == '__call__' and isinstance(layer, dw.DepthwiseConv):
+      flops.append(layer.flops(out))
     elif context.method_name == '__call__' and isinstance(layer, nn.Dense):
       flops.append(2 * args[0].shape[-1] * out.size)
     return out
@@ -179,6 +182,9 @@ NASNET_LARGE_CONFIG = dict(
   label_smoothing=0.0,
   weight_decay=1e-4,
   lr=0.005,  # tf_cnn_benchmarks' NasnetLargeModel default (batch 16)
+  # How the depthwise convolutions are computed (models/depthwise.py): 'shifts' (from session
+  # 13) or XLA's cuDNN grouped convolution, 'cudnn' (the results of sessions 1-12).
+  depthwise='shifts',
 )
 # One normal cell per stack at 64x64 (31 -> 16 -> 8 -> 4 -> 2 pixels, so batch norm in the
 # last stack sees more than one pixel per example), drop-path at full strength from the first
@@ -197,6 +203,7 @@ NASNET_LARGE = wl.Workload(
   trainer=wl.supervised(lambda cfg, dtype: NASNetA(cfg, dtype), make_batch, loss, optimizer),
   flops_per_example=flops_per_example,
   family='image',
+  choices={'depthwise': dw.IMPLS},
   # About a thousand parameter arrays: the jitted init compiled for 225 s on a 2-core CPU
   # and took most of a 335 s first trial on the H200; op by op on the host, 54 s.
   eager_init=True,

@@ -12,6 +12,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from models import depthwise as dw
+
 BN_MOMENTUM = 0.9997  # slim's nasnet_large_arg_scope batch_norm_decay
 BN_EPS = 1e-3
 # slim's variance_scaling_initializer(mode='FAN_OUT'): He init over fan-out.
@@ -69,16 +71,15 @@ def batch_norm(train, dtype, name):
   )
 
 
-def conv(features, kernel, dtype, name, stride=1, groups=1, padding='SAME'):
+def conv(features, kernel, dtype, name, stride=1, padding='SAME'):
   """A bias-free convolution: batch norm follows every one."""
   return nn.Conv(
     features,
     (kernel, kernel),
     strides=stride,
     padding=padding,
-    feature_group_count=groups,
     use_bias=False,
-    kernel_init=DEPTHWISE_INIT if groups > 1 else KERNEL_INIT,
+    kernel_init=KERNEL_INIT,
     dtype=dtype,
     name=name,
   )
@@ -91,19 +92,21 @@ class SeparableStack(nn.Module):
   kernel: int
   stride: int
   dtype: Any = jnp.float32
+  depthwise_impl: str = 'shifts'  # models/depthwise.py
 
   @nn.compact
   def __call__(self, x, train):
     stride = self.stride
     for i in (1, 2):
       x = nn.relu(x)
-      x = conv(
-        x.shape[-1],
+      x = dw.DepthwiseConv(
         self.kernel,
-        self.dtype,
-        f'separable_{i}_depthwise',
-        stride=stride,
-        groups=x.shape[-1],
+        stride,
+        'SAME',
+        kernel_init=DEPTHWISE_INIT,
+        dtype=self.dtype,
+        impl=self.depthwise_impl,
+        name=f'separable_{i}_depthwise',
       )(x)
       x = conv(self.filters, 1, self.dtype, f'separable_{i}_pointwise')(x)
       x = batch_norm(train, self.dtype, f'bn_sep_{i}')(x)
@@ -147,6 +150,7 @@ class Cell(nn.Module):
   stride: int
   keep_prob: float
   dtype: Any = jnp.float32
+  depthwise_impl: str = 'shifts'  # models/depthwise.py
 
   def _adjust_prev(self, prev, x, train):
     """Bring the previous cell's output to this cell's resolution and width."""
@@ -173,7 +177,7 @@ class Cell(nn.Module):
     kind, kernel = op
     f = self.filters
     if kind == 'sep':
-      x = SeparableStack(f, kernel, stride, self.dtype, name=name)(x, train)
+      x = SeparableStack(f, kernel, stride, self.dtype, self.depthwise_impl, name=name)(x, train)
     elif kind == 'none':
       if stride > 1 or x.shape[-1] != f:
         x = conv(f, 1, self.dtype, f'{name}_1x1', stride=stride)(nn.relu(x))

@@ -10,6 +10,7 @@ only the last ToRGB and the first FromRGB exist).
 """
 
 from jaxbench import workload as wl
+from models import depthwise
 from models.stylegan_nets import log2_res, nf
 
 # The trainer's pieces, re-exported: tests and callers reach them as stylegan.<name>.
@@ -85,6 +86,9 @@ STYLEGAN_CONFIG = dict(
   lr=0.003,
   ema_kimg=10.0,
   dlatent_avg_beta=0.995,
+  # How the blur's depthwise filter is computed (models/stylegan_layers.blur): 'shifts' (from
+  # session 13) or XLA's cuDNN grouped convolution, 'cudnn' (the results of sessions 1-12).
+  depthwise='shifts',
 )
 # 8x8 keeps one block of each kind (XLA's CPU compile time grows with the layer count);
 # fused_min_res=8 runs the fused resampling convolutions the full size uses from 128 up.
@@ -104,4 +108,5 @@ STYLEGAN = wl.Workload(
   default_precision='fp32',
   family='image',
   adversarial=True,
+  choices={'depthwise': depthwise.IMPLS},
 )

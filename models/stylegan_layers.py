@@ -34,14 +34,27 @@ def instance_norm(x_NxHxWxC, eps=1e-8):
   return x.astype(x_NxHxWxC.dtype)
 
 
-def blur(x_NxHxWxC):
-  """The [1,2,1] x [1,2,1] / 16 low-pass filter, depthwise, zero-padded to the same size."""
-  c = x_NxHxWxC.shape[-1]
-  f = np.outer([1.0, 2.0, 1.0], [1.0, 2.0, 1.0]) / 16.0
-  kernel = jnp.asarray(np.tile(f[:, :, None, None], (1, 1, 1, c)), x_NxHxWxC.dtype)
-  return jax.lax.conv_general_dilated(
-    x_NxHxWxC, kernel, (1, 1), ((1, 1), (1, 1)), dimension_numbers=_NHWC, feature_group_count=c
-  )
+def blur(x_NxHxWxC, impl='shifts'):
+  """The [1,2,1] x [1,2,1] / 16 low-pass filter, depthwise, zero-padded to the same size.
+
+  'shifts' sums shifted copies, one axis at a time, in float32 (one elementwise fusion, nothing
+  for XLA to autotune: models/depthwise.py says why); 'cudnn' is XLA's grouped convolution.
+  """
+  if impl == 'cudnn':
+    c = x_NxHxWxC.shape[-1]
+    f = np.outer([1.0, 2.0, 1.0], [1.0, 2.0, 1.0]) / 16.0
+    kernel = jnp.asarray(np.tile(f[:, :, None, None], (1, 1, 1, c)), x_NxHxWxC.dtype)
+    return jax.lax.conv_general_dilated(
+      x_NxHxWxC, kernel, (1, 1), ((1, 1), (1, 1)), dimension_numbers=_NHWC, feature_group_count=c
+    )
+  if impl != 'shifts':
+    raise ValueError(f'blur impl must be shifts or cudnn, got {impl!r}')
+  x = x_NxHxWxC.astype(jnp.float32)
+  x = jnp.pad(x, ((0, 0), (1, 1), (0, 0), (0, 0)))
+  x = 0.25 * x[:, :-2] + 0.5 * x[:, 1:-1] + 0.25 * x[:, 2:]
+  x = jnp.pad(x, ((0, 0), (0, 0), (1, 1), (0, 0)))
+  x = 0.25 * x[:, :, :-2] + 0.5 * x[:, :, 1:-1] + 0.25 * x[:, :, 2:]
+  return x.astype(x_NxHxWxC.dtype)
 
 
 def upscale(x_NxHxWxC):

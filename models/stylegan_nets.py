@@ -79,7 +79,7 @@ class Synthesis(nn.Module):
         dtype=dtype,
         name=f'conv0_up_{size}',
       )(x)
-      x = epilogue(2 * res - 4, sl.blur(x))
+      x = epilogue(2 * res - 4, sl.blur(x, cfg['depthwise']))
       x = sl.EqConv(nf(cfg, res - 1), use_bias=False, dtype=dtype, name=f'conv1_{size}')(x)
       x = epilogue(2 * res - 3, x)
     return sl.EqConv(3, kernel=1, gain=1.0, dtype=dtype, name='to_rgb')(x)
@@ -150,7 +150,7 @@ class Discriminator(nn.Module):
         fused=size >= cfg['fused_min_res'],
         dtype=dtype,
         name=f'conv1_down_{size}',
-      )(sl.blur(x))
+      )(sl.blur(x, cfg['depthwise']))
       x = sl.lrelu(x)
     x = sl.minibatch_stddev(x, cfg['mbstd_group_size'], cfg['mbstd_features'])
     x = sl.lrelu(sl.EqConv(nf(cfg, 1), dtype=dtype, name='conv_4')(x))

@@ -10,6 +10,7 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax.numpy as jnp
 
+from models import depthwise as dw
 from models import rbg_init
 
 # xception_arg_scope: truncated-normal weights, batch-norm decay 0.9997, epsilon 1e-3.
@@ -34,7 +35,8 @@ class ConvBN(nn.Module):
   """Convolution (no bias), batch norm, optional activation.
 
   A depthwise convolution (`depthwise=True`) is named so, which keeps it out of
-  the weight decay as DeepLab's regularize_depthwise=False does.
+  the weight decay as DeepLab's regularize_depthwise=False does; `depthwise_impl` says how it
+  is computed (models/depthwise.py).
   """
 
   features: int
@@ -46,21 +48,35 @@ class ConvBN(nn.Module):
   bn_eps: float = BACKBONE_BN_EPS
   kernel_init: Callable[..., Any] = BACKBONE_INIT
   dtype: Any = jnp.float32
+  depthwise_impl: str = 'shifts'
 
   @nn.compact
   def __call__(self, x, train):
-    x = nn.Conv(
-      self.features,
-      (self.kernel, self.kernel),
-      strides=self.stride,
-      kernel_dilation=self.rate,
-      padding=fixed_padding(self.kernel, self.rate),
-      feature_group_count=x.shape[-1] if self.depthwise else 1,
-      use_bias=False,
-      kernel_init=self.kernel_init,
-      dtype=self.dtype,
-      name='depthwise' if self.depthwise else 'conv',
-    )(x)
+    padding = fixed_padding(self.kernel, self.rate)
+    if self.depthwise:
+      assert self.features == x.shape[-1], 'a depthwise convolution keeps the channel count'
+      x = dw.DepthwiseConv(
+        self.kernel,
+        self.stride,
+        padding,
+        self.rate,
+        kernel_init=self.kernel_init,
+        dtype=self.dtype,
+        impl=self.depthwise_impl,
+        name='depthwise',
+      )(x)
+    else:
+      x = nn.Conv(
+        self.features,
+        (self.kernel, self.kernel),
+        strides=self.stride,
+        kernel_dilation=self.rate,
+        padding=padding,
+        use_bias=False,
+        kernel_init=self.kernel_init,
+        dtype=self.dtype,
+        name='conv',
+      )(x)
     x = nn.BatchNorm(
       use_running_average=not train,
       momentum=BN_DECAY,
@@ -82,6 +98,7 @@ class SeparableConv(nn.Module):
   depthwise_init: Callable[..., Any] = BACKBONE_INIT
   pointwise_init: Callable[..., Any] = BACKBONE_INIT
   dtype: Any = jnp.float32
+  depthwise_impl: str = 'shifts'
 
   @nn.compact
   def __call__(self, x, train):
@@ -95,6 +112,7 @@ class SeparableConv(nn.Module):
       bn_eps=self.bn_eps,
       kernel_init=self.depthwise_init,
       dtype=self.dtype,
+      depthwise_impl=self.depthwise_impl,
       name='depthwise',
     )(x, train)
     return ConvBN(
@@ -123,6 +141,7 @@ class XceptionModule(nn.Module):
   rate: int = 1
   activation_in_separable: bool = False
   dtype: Any = jnp.float32
+  depthwise_impl: str = 'shifts'
 
   @nn.compact
   def __call__(self, inputs, train):
@@ -137,6 +156,7 @@ class XceptionModule(nn.Module):
         rate=self.rate,
         activation=nn.relu if self.activation_in_separable else None,
         dtype=self.dtype,
+        depthwise_impl=self.depthwise_impl,
         name=f'separable_conv{i + 1}',
       )(x, train)
       if i == 1:
@@ -203,7 +223,14 @@ class Xception65(nn.Module):
     for unit, (stride, rate) in zip(units, dense_strides(units, cfg['output_stride'])):
       name, depths, skip, _, act_in_sep = unit
       x, second = XceptionModule(
-        depths, skip, stride, rate, act_in_sep, dtype=self.dtype, name=name
+        depths,
+        skip,
+        stride,
+        rate,
+        act_in_sep,
+        dtype=self.dtype,
+        depthwise_impl=cfg['depthwise'],
+        name=name,
       )(x, train)
       if name == 'entry_flow_block2':
         low_level = second

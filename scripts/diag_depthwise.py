@@ -8,7 +8,11 @@ convolutions of several channel counts (a train step: forward and backward), the
 first call and the second call, and the process CPU time during the first call (host work, such
 as cuDNN building kernels, shows as CPU time with the GPU idle).
 
-  python3 scripts/diag_depthwise.py [BATCH] [HW]
+  python3 scripts/diag_depthwise.py [BATCH] [HW] [IMPL,...]
+
+IMPL: lax (XLA's grouped convolution, cuDNN on a GPU), shifted (models/depthwise.py, the
+workloads' default from session 13) or per_tap (session 8's first shifted version); all three
+without a third argument. Run from the repository root (PYTHONPATH=.).
 """
 
 import resource
@@ -17,6 +21,8 @@ import time
 
 import jax
 import jax.numpy as jnp
+
+from models import depthwise
 
 
 def cpu_s() -> float:
@@ -32,7 +38,12 @@ def lax_depthwise(x, k):
 
 
 def shifted_depthwise(x, k):
-  """The same depthwise convolution as a sum of shifted products (one XLA loop fusion)."""
+  """The same convolution as models/depthwise.py computes it: taps stacked on a minor axis."""
+  return depthwise.depthwise_conv(x, k, padding='SAME', impl='shifts')
+
+
+def per_tap_depthwise(x, k):
+  """Session 8's first version: one shifted product per tap, summed in the input's dtype."""
   kh, kw = k.shape[0], k.shape[1]
   ph, pw = kh // 2, kw // 2
   h, w = x.shape[1], x.shape[2]
@@ -65,7 +76,11 @@ def main() -> None:
   batch = int(sys.argv[1]) if len(sys.argv) > 1 else 32
   hw = int(sys.argv[2]) if len(sys.argv) > 2 else 83
   print(f'jax {jax.__version__}, {jax.devices()[0].device_kind}, batch {batch}, {hw}x{hw}')
-  for name, conv in (('lax', lax_depthwise), ('shifted', shifted_depthwise)):
+  impls = (('lax', lax_depthwise), ('shifted', shifted_depthwise), ('per_tap', per_tap_depthwise))
+  only = sys.argv[3].split(',') if len(sys.argv) > 3 else None
+  for name, conv in impls:
+    if only and name not in only:
+      continue
     for dtype in (jnp.float32, jnp.bfloat16):
       step, params, xs = build(batch, hw, dtype, conv)
       t = time.perf_counter()
