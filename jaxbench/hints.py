@@ -49,6 +49,25 @@ def compiler_flags(xla_flags: str | None) -> str:
   return ' '.join(f for f in (xla_flags or '').split() if not _CACHE_FLAG.match(f))
 
 
+# Config keys a workload gained after results were recorded, with the value those results ran
+# with: a record without the key is the same program as one with this value, so its forecasts
+# keep aiming new searches (models/depthwise.py: the choice came in session 13; sessions 1-12 ran
+# XLA's cuDNN grouped convolution).
+ADDED_CONFIG_KEYS = {
+  'deeplabv3': {'depthwise': 'cudnn'},
+  'nasnet_large': {'depthwise': 'cudnn'},
+  'stylegan': {'depthwise': 'cudnn'},
+}
+
+
+def config_of(r: dict[str, Any]) -> dict[str, Any] | None:
+  """A result's configuration, with the keys added since it was recorded at their old value."""
+  config = r.get('config')
+  if config is None:
+    return None
+  return {**ADDED_CONFIG_KEYS.get(r.get('workload'), {}), **config}
+
+
 def program_key(r: dict[str, Any]) -> str:
   """What decides a result's compile-time forecasts, as one comparable string: its program and
   compiler (_SAME, the workload revision, the configuration, the XLA flags without cache
@@ -56,7 +75,7 @@ def program_key(r: dict[str, Any]) -> str:
   fields = {k: r.get(k) for k in _SAME}
   fields['revision'] = store.revision(r)
   fields['xla_flags'] = compiler_flags(r.get('xla_flags'))
-  fields['config'] = r.get('config')
+  fields['config'] = config_of(r)
   fields['kind'] = (r.get('device') or {}).get('kind')
   return json.dumps(fields, sort_keys=True, default=str)
 

@@ -1,25 +1,31 @@
-"""Depthwise convolution as a sum of shifted, per-channel-scaled slices of the input.
+"""Depthwise convolution, through cuDNN or as a sum of shifted, per-channel-scaled slices.
 
 A depthwise KxK convolution (one filter per channel: feature_group_count equal to the channel
-count) does K*K multiply-adds per output element and is bound by memory, not arithmetic. XLA
-hands `lax.conv_general_dilated` with feature groups to cuDNN, and on the H200 that costs twice:
+count) does K*K multiply-adds per output element. XLA hands `lax.conv_general_dilated` with
+feature groups to cuDNN ('cudnn', the default), and on the H200 its autotuner times every cuDNN
+candidate at the step's own shapes. For bf16 depthwise weight gradients some candidates take
+seconds at 8 images and grow with the batch: deeplabv3 bf16's compile at 8 images spent 28 of
+its 37 s of measured candidate time on depthwise convolutions (session 11), and its compile at
+166 images outlasted 550 s (session 10).
 
-- cuDNN's best depthwise algorithms are slow for these shapes in bf16 (deeplabv3 at 8 images,
-  session 11: the depthwise convolutions' best candidates add up to 8.2 ms of a 50 ms step);
-- XLA's autotuner times every cuDNN candidate at the step's own shapes, and for depthwise
-  weight gradients some take seconds at 8 images and grow with the batch: 28 of the 37 s of
-  measured candidate time in that compile, and full-memory bf16 compiles that outlast a
-  session (stylegan, deeplabv3).
+'shifts' writes the convolution as K*K strided slices of the padded input, stacked on a minor
+axis, scaled by the taps and summed in float32: XLA fusions with nothing to autotune. Measured
+on the H200 in session 13 (docs/results/2026-12-01-h200-session13.md), it does what it was for
+and costs the step:
+- deeplabv3 bf16 at 8 images: 3.7 s of candidate time instead of 36.6 s, but 95.3 images/s
+  against cuDNN's 159.2 (session 11); at its full-memory 166 images the whole search, probes and
+  one autotuned compile, took 213 s (129.2 images/s);
+- scripts/diag_depthwise.py (eight 3x3-7x7 layers, 128 images of 42x42, a train step): 301 ms
+  in bf16 against cuDNN's 3.6 ms and 17.5 ms for session 8's one-product-per-tap version. So
+  the stacked layout costs most of it; my guess, not profiled, is the weight gradient's
+  reduction, whose minor tap axis strides the input by whole pixels.
+- nasnet_large bf16 (5x5 and 7x7 kernels): 369 images fit (cuDNN: 360, session 7), at 35.4
+  images/s, below its fp32 figure through cuDNN (117.8 images/s at 192).
 
-Written as K*K strided slices of the padded input, each times its tap's per-channel weight and
-summed in float32, the convolution is one elementwise XLA fusion: nothing to autotune, and it
-fuses with the batch norm or activation around it. Autodiff gives the input gradient as the
-same fusion of padded slices and each tap's weight gradient as a reduction over batch and
-space. TensorFlow, which the 2020 benchmark's DeepLab and NASNet ran on, likewise computes
-depthwise convolutions with its own kernels rather than cuDNN's grouped convolutions.
-
-`impl='cudnn'` keeps XLA's grouped convolution, for comparison and for results recorded with it
-(sessions 1-12).
+So 'cudnn' stays the default, and 'shifts' is for runs that cannot wait for cuDNN's autotuning.
+Its parameters are cuDNN's (the same tree, shapes and initial values) and its memory close to
+it (7.16 against 7.20 GB forecast for deeplabv3 bf16 at 8 images; at full memory 166 images, as
+the deviceless cuDNN forecast has it).
 """
 
 import functools
@@ -29,7 +35,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-IMPLS = ('shifts', 'cudnn')
+IMPLS = ('cudnn', 'shifts')
 _NHWC = ('NHWC', 'HWIO', 'NHWC')
 
 Padding = str | Sequence[tuple[int, int]]
@@ -48,7 +54,7 @@ def depthwise_conv(
   stride: int = 1,
   padding: Padding = 'SAME',
   rate: int = 1,
-  impl: str = 'shifts',
+  impl: str = 'cudnn',
 ):
   """lax.conv_general_dilated(x, kernel, feature_group_count=C) for NHWC input, HWIO kernel.
 
@@ -124,7 +130,7 @@ class DepthwiseConv(nn.Module):
   rate: int = 1
   kernel_init: Callable[..., Any] = nn.initializers.lecun_normal()
   dtype: Any = jnp.float32
-  impl: str = 'shifts'
+  impl: str = 'cudnn'
 
   @nn.compact
   def __call__(self, x):

@@ -86,9 +86,10 @@ STYLEGAN_CONFIG = dict(
   lr=0.003,
   ema_kimg=10.0,
   dlatent_avg_beta=0.995,
-  # How the blur's depthwise filter is computed (models/stylegan_layers.blur): 'shifts' (from
-  # session 13) or XLA's cuDNN grouped convolution, 'cudnn' (the results of sessions 1-12).
-  depthwise='shifts',
+  # How the blur's depthwise filter is computed (models/stylegan_layers.blur): XLA's cuDNN
+  # grouped convolution ('cudnn', the results so far) or shifted sums in one XLA fusion
+  # ('shifts', not yet timed on a GPU).
+  depthwise='cudnn',
 )
 # 8x8 keeps one block of each kind (XLA's CPU compile time grows with the layer count);
 # fused_min_res=8 runs the fused resampling convolutions the full size uses from 128 up.

@@ -34,7 +34,7 @@ def instance_norm(x_NxHxWxC, eps=1e-8):
   return x.astype(x_NxHxWxC.dtype)
 
 
-def blur(x_NxHxWxC, impl='shifts'):
+def blur(x_NxHxWxC, impl='cudnn'):
   """The [1,2,1] x [1,2,1] / 16 low-pass filter, depthwise, zero-padded to the same size.
 
   'shifts' sums shifted copies, one axis at a time, in float32 (one elementwise fusion, nothing

@@ -48,7 +48,7 @@ class ConvBN(nn.Module):
   bn_eps: float = BACKBONE_BN_EPS
   kernel_init: Callable[..., Any] = BACKBONE_INIT
   dtype: Any = jnp.float32
-  depthwise_impl: str = 'shifts'
+  depthwise_impl: str = 'cudnn'
 
   @nn.compact
   def __call__(self, x, train):
@@ -98,7 +98,7 @@ class SeparableConv(nn.Module):
   depthwise_init: Callable[..., Any] = BACKBONE_INIT
   pointwise_init: Callable[..., Any] = BACKBONE_INIT
   dtype: Any = jnp.float32
-  depthwise_impl: str = 'shifts'
+  depthwise_impl: str = 'cudnn'
 
   @nn.compact
   def __call__(self, x, train):
@@ -141,7 +141,7 @@ class XceptionModule(nn.Module):
   rate: int = 1
   activation_in_separable: bool = False
   dtype: Any = jnp.float32
-  depthwise_impl: str = 'shifts'
+  depthwise_impl: str = 'cudnn'
 
   @nn.compact
   def __call__(self, inputs, train):

@@ -2,7 +2,7 @@
 
 import json
 
-from jaxbench import hints
+from jaxbench import hints, registry
 
 
 def _record(**changes):
@@ -60,6 +60,21 @@ def test_results_from_before_revisions_count_as_revision_one(tmp_path):
   path.write_text(json.dumps(old) + '\n')
   assert hints.load([str(path)], _record(workload_revision=1))[1] == 1
   assert hints.load([str(path)], _record(workload_revision=2))[1] == 0
+
+
+def test_results_from_before_a_config_key_ran_with_its_old_value(tmp_path):
+  """deeplabv3's `depthwise` came in session 13: earlier results computed it through cuDNN."""
+  path = tmp_path / 'old.jsonl'
+  old = _record(workload='deeplabv3', config={'crop': 513})
+  path.write_text(json.dumps(old) + '\n')
+  as_before = _record(workload='deeplabv3', config={'crop': 513, 'depthwise': 'cudnn'})
+  shifted = _record(workload='deeplabv3', config={'crop': 513, 'depthwise': 'shifts'})
+  assert hints.load([str(path)], as_before)[1] == 1
+  assert hints.load([str(path)], shifted)[1] == 0
+  for workload, added in hints.ADDED_CONFIG_KEYS.items():
+    config = registry.get(workload).config
+    for key, value in added.items():
+      assert key in config and value in registry.get(workload).choices[key], (workload, key)
 
 
 def test_a_cache_location_is_not_a_compiler_setting(tmp_path):

@@ -66,7 +66,7 @@ def test_module_has_nn_conv_parameters_under_either_impl():
 
 
 def test_unknown_impl_is_refused():
-  with pytest.raises(ValueError, match='shifts, cudnn'):
+  with pytest.raises(ValueError, match='cudnn, shifts'):
     dw.depthwise_conv(jnp.ones((1, 3, 3, 1)), jnp.ones((3, 3, 1, 1)), impl='winograd')
 
 
