@@ -136,4 +136,11 @@ def configure(
     jax.config.update('jax_compilation_cache_dir', compilation_cache_dir)
     jax.config.update('jax_persistent_cache_min_compile_time_secs', 1.0)
     jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
+    if autotune_cache_dir:
+      # With a persistent compilation cache JAX points XLA's autotune cache into it
+      # (DIR/xla_gpu_per_fusion_autotune_cache_dir, jax_persistent_cache_enable_xla_caches),
+      # over XLA_FLAGS: --autotune_cache_dir was ignored beside --compilation_cache_dir
+      # (sessions 12 and 13 found it empty after compiles that ended). Without it, the
+      # autotuning results go into the compilation cache's directory.
+      jax.config.update('jax_persistent_cache_enable_xla_caches', '')
   return MemorySetup(gpu_total_bytes=total, limit_bytes=limit, mem_fraction=fraction, remat=remat)

@@ -52,10 +52,12 @@ case "${1:-}" in
       # time of day), so that a compile cut at the deadline still shows how far its autotuning
       # got and where the time went (session 12: one compile of stylegan bf16 ran 27 minutes
       # and left no trace of its progress): scripts/autotune_progress.py JOB.log sums the lines
-      # up. Set TF_CPP_VMODULE beforehand to log otherwise.
+      # up. Set TF_CPP_VMODULE beforehand to log otherwise. (Session 13: no such line in any
+      # job log; jax 0.11.2's XLA may not log through these modules.)
       export TF_CPP_VMODULE=\${TF_CPP_VMODULE:-config_assigner=1,autotuner=1}
       # And whether the autotune cache fills as the compile goes (XLA inserts each
-      # instruction's result when it is settled) or not at all (session 12: empty after 27 min).
+      # instruction's result when it is settled) or only at its end. (Sessions 12 and 13 found
+      # it empty: JAX had moved it into --compilation_cache_dir, fixed in jaxbench/backend.py.)
       ( while sleep 60; do
           echo \"\$(date -u +%TZ) \$(find /tmp/atc -type f | wc -l) files in /tmp/atc\"
         done ) >'$S/atc_count.log' 2>&1 &

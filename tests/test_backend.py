@@ -93,6 +93,24 @@ def test_autotune_cache_dir_is_made_and_given_to_xla(tmp_path):
   assert where.is_dir()
 
 
+def test_autotune_cache_dir_beside_a_compilation_cache_is_the_one_compiles_use(tmp_path):
+  """JAX points XLA's autotune cache into a persistent compilation cache, over XLA_FLAGS;
+  --autotune_cache_dir must win, and without it the compilation cache keeps the results."""
+  code = (
+    'import jax; from jaxbench import backend; '
+    'backend.configure(None, False, compilation_cache_dir={jcc!r}{atc}); '
+    'jax.jit(lambda x: x * 2)(1.0); '
+    'from jax._src import compiler; '
+    'o = compiler.get_compile_options(num_replicas=1, num_partitions=1); '
+    'print(o.executable_build_options.debug_options.xla_gpu_per_fusion_autotune_cache_dir)'
+  )
+  jcc, atc = str(tmp_path / 'jcc'), str(tmp_path / 'atc')
+  given = _python(code.format(jcc=jcc, atc=f', autotune_cache_dir={atc!r}'))
+  assert given.splitlines()[-1] == atc
+  alone = _python(code.format(jcc=jcc, atc=''))
+  assert alone.splitlines()[-1] == os.path.join(jcc, 'xla_gpu_per_fusion_autotune_cache_dir')
+
+
 @pytest.mark.skipif(
   bool(shutil.which('nvidia-smi') or glob.glob('/dev/nvidia[0-9]*')), reason='a GPU host'
 )
