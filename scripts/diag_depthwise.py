@@ -33,10 +33,8 @@ def cpu_s() -> float:
 
 
 def lax_depthwise(x, k):
-  c = x.shape[-1]
-  return jax.lax.conv_general_dilated(
-    x, k, (1, 1), 'SAME', dimension_numbers=('NHWC', 'HWIO', 'NHWC'), feature_group_count=c
-  )
+  """XLA's grouped convolution (feature_group_count = channels): cuDNN on a GPU."""
+  return depthwise.depthwise_conv(x, k, padding='SAME', impl='cudnn')
 
 
 def shifted_depthwise(x, k):
