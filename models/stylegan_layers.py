@@ -48,7 +48,7 @@ def blur(x_NxHxWxC, impl='cudnn'):
     kernel = jnp.asarray(np.tile(f[:, :, None, None], (1, 1, 1, c)), x_NxHxWxC.dtype)
     return depthwise.depthwise_conv(x_NxHxWxC, kernel, padding=((1, 1), (1, 1)), impl='cudnn')
   if impl != 'shifts':
-    raise ValueError(f'blur impl must be shifts or cudnn, got {impl!r}')
+    raise ValueError(f'blur impl must be one of {", ".join(depthwise.IMPLS)}, got {impl!r}')
   x = x_NxHxWxC.astype(jnp.float32)
   x = jnp.pad(x, ((0, 0), (1, 1), (0, 0), (0, 0)))
   x = 0.25 * x[:, :-2] + 0.5 * x[:, 1:-1] + 0.25 * x[:, 2:]
