@@ -19,8 +19,13 @@ and costs the step:
   in bf16 against cuDNN's 3.6 ms and 17.5 ms for session 8's one-product-per-tap version. So
   the stacked layout costs most of it; my guess, not profiled, is the weight gradient's
   reduction, whose minor tap axis strides the input by whole pixels.
-- nasnet_large bf16 (5x5 and 7x7 kernels): 369 images fit (cuDNN: 360, session 7), at 35.4
-  images/s, below its fp32 figure through cuDNN (117.8 images/s at 192).
+- nasnet_large bf16 (5x5 and 7x7 kernels): 369 images fit, at 35.4 images/s; through cuDNN,
+  360 images at 326.6 images/s (session 14);
+- stylegan bf16's blur (a fixed 3x3 filter, as two separable 3-tap passes) at 8 images: a 19.1 s
+  compile against cuDNN's 74.0 s, and 32.9 against 33.8 images/s (session 14);
+- a tap-major stacking (scripts/diag_depthwise.py's `tap_major`) steps in 28.7 ms on that
+  micro-benchmark, ten times faster than the minor stacking but still eight times slower than
+  cuDNN (session 14).
 
 So 'cudnn' stays the default, and 'shifts' is for runs that cannot wait for cuDNN's autotuning.
 Its parameters are cuDNN's (the same tree, shapes and initial values) and its memory close to

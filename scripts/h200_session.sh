@@ -35,6 +35,7 @@ case "${1:-}" in
     rm -rf "$S" && mkdir -p "$S/q1" "$S/q2" /tmp/jcc /tmp/atc
     # XLA's autotune cache from an earlier session, if the call carried it (.cache/atc: unpack
     # an earlier `wait`'s atc.tgz there): a compile cut at a session's end goes on from it.
+    # The daemon's log says how many results /tmp/atc holds when it starts.
     if [ -d .cache/atc ]; then cp -r .cache/atc/. /tmp/atc/; fi
     mkdir -p "$S/repo" && tar -C . --exclude=./.git --exclude=./.venv --exclude=./.cache -cf - . |
       tar -C "$S/repo" -xf -
@@ -48,16 +49,15 @@ case "${1:-}" in
       echo \"daemon \$\$, signals ignored (/proc): \$(grep SigIgn /proc/\$\$/status 2>/dev/null)\"
       cd '$S/repo' || exit 1
       export PYTHONUNBUFFERED=1
-      # XLA's autotuner logs each instruction it looks up, tunes and settles (VLOG 1, with the
-      # time of day), so that a compile cut at the deadline still shows how far its autotuning
-      # got and where the time went (session 12: one compile of stylegan bf16 ran 27 minutes
-      # and left no trace of its progress): scripts/autotune_progress.py JOB.log sums the lines
-      # up. Set TF_CPP_VMODULE beforehand to log otherwise. (Session 13: no such line in any
-      # job log; jax 0.11.2's XLA may not log through these modules.)
-      export TF_CPP_VMODULE=\${TF_CPP_VMODULE:-config_assigner=1,autotuner=1}
-      # And whether the autotune cache fills as the compile goes (XLA inserts each
-      # instruction's result when it is settled) or only at its end. (Sessions 12 and 13 found
-      # it empty: JAX had moved it into --compilation_cache_dir, fixed in jaxbench/backend.py.)
+      # How far a compile's autotuning has got, once a minute: XLA writes each instruction's
+      # result into the autotune cache as it is settled (session 14: nasnet_large bf16's
+      # 313 s compile took the count from 1 to 515 files in steps), so a compile cut at the
+      # deadline leaves its settled results for the next session (atc.tgz; that a later
+      # compile reads them back is not yet shown). Sessions 12 and 13
+      # found the cache empty because JAX had moved it into --compilation_cache_dir (fixed in
+      # jaxbench/backend.py). XLA's autotuner VLOG lines (TF_CPP_VMODULE) printed nothing in
+      # sessions 13 and 14, so the count is the only progress signal.
+      echo \"autotune results at the start: \$(find /tmp/atc -type f | wc -l) files in /tmp/atc\"
       ( while sleep 60; do
           echo \"\$(date -u +%TZ) \$(find /tmp/atc -type f | wc -l) files in /tmp/atc\"
         done ) >'$S/atc_count.log' 2>&1 &
