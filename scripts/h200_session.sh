@@ -50,13 +50,13 @@ case "${1:-}" in
       cd '$S/repo' || exit 1
       export PYTHONUNBUFFERED=1
       # How far a compile's autotuning has got, once a minute: XLA writes each instruction's
-      # result into the autotune cache as it is settled (session 14: nasnet_large bf16's
-      # 313 s compile took the count from 1 to 515 files in steps), so a compile cut at the
-      # deadline leaves its settled results for the next session (atc.tgz; that a later
-      # compile reads them back is not yet shown). Sessions 12 and 13
-      # found the cache empty because JAX had moved it into --compilation_cache_dir (fixed in
-      # jaxbench/backend.py). XLA's autotuner VLOG lines (TF_CPP_VMODULE) printed nothing in
-      # sessions 13 and 14, so the count is the only progress signal.
+      # result into the autotune cache as it is settled (session 14: nasnet_large bf16's 313 s
+      # compile took the count from 1 to 515 files), so a compile cut at the deadline leaves
+      # its settled results for the next session (atc.tgz; that a later compile reads them
+      # back is not yet shown). Sessions 12 and 13 found the cache empty because JAX had moved
+      # it into --compilation_cache_dir (fixed in jaxbench/backend.py). XLA's autotuner VLOG
+      # lines (TF_CPP_VMODULE) printed nothing in sessions 13 and 14: the count is the only
+      # progress signal.
       echo \"autotune results at the start: \$(find /tmp/atc -type f | wc -l) files in /tmp/atc\"
       ( while sleep 60; do
           echo \"\$(date -u +%TZ) \$(find /tmp/atc -type f | wc -l) files in /tmp/atc\"
