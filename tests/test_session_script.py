@@ -34,6 +34,7 @@ def test_the_daemon_outlives_start_hears_sigint_and_wait_copies_its_files(tmp_pa
   assert r.returncode == 0 and 'daemon ended' in r.stdout, r.stdout + r.stderr
   log = (sess / 'daemon.log').read_text()
   assert 'phase 1 starts' in log and 'phase 2 starts' in log and 'ended' in log
+  assert re.search(r'autotune results at the start: \d+ files in /tmp/atc', log), log
   ignored = int(re.search(r'SigIgn:\s*([0-9a-f]+)', log).group(1), 16)
   assert not ignored & (1 << (signal.SIGINT - 1)), log
   assert {p.name for p in out.iterdir()} >= {'results1.jsonl', 'summary.md', 'logs.tgz', 'atc.tgz'}
