@@ -273,8 +273,8 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
         'check': None if check is None else dataclasses.asdict(check),
       }
       if check is not None:
-        verdict = 'the same bytes' if check.equal else 'other bytes: searched on autotuned'
-        log(f'  {w.name}: autotuned at {check.examples * w.example_size(cfg)} {w.unit}: {verdict}')
+        n = check.examples * w.example_size(cfg)
+        log(f'  {w.name}: autotuned at {n} {w.unit}: {check.verdict()}')
     else:
       found = search.find_max_batch(
         program,

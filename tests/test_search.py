@@ -622,6 +622,13 @@ def test_forecasts_that_differ_send_the_search_on_autotuned_to_the_same_answer(r
   assert {t.examples for t in autotuned} >= {got.max_examples, got.max_examples + 1}
 
 
+def test_the_checks_verdict_gives_both_forecasts_when_they_differ():
+  assert search.ProbeCheck(360, 3600, 3600, True).verdict() == 'the same bytes'
+  differ = search.ProbeCheck(360, 142_191_083_344, 142_189_413_968, False).verdict()
+  assert '142,189,413,968 B against the probe\'s 142,191,083,344 B' in differ
+  assert 'no forecast' in search.ProbeCheck(360, 3600, None, False).verdict()
+
+
 def test_a_max_that_fails_its_run_sends_the_search_on_autotuned():
   real = FakeProgram(a=0, b=10, run_fails_above=300)
   got, check = search.find_max_batch_probing(real, FakeProgram(a=0, b=10), 0, 3615)
