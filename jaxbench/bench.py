@@ -274,7 +274,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       }
       if check is not None:
         n = check.examples * w.example_size(cfg)
-        log(f'  {w.name}: autotuned at {n} {w.unit}: {check.verdict()}')
+        log(f'  {w.name}: autotuned at {n} {w.unit}: {probe_check_text(check)}')
     else:
       found = search.find_max_batch(
         program,
@@ -346,6 +346,20 @@ def trial_line(w: wl.Workload, t: search.Trial) -> str:
   why = f' ({t.detail})' if t.detail and not t.fits else ''
   level = '' if t.autotune_level is None else f' [autotune level {t.autotune_level}]'
   return f'  {w.name}: batch {t.batch} {w.unit}: {t.outcome}{peak}{comp}{level}{why}'
+
+
+def probe_check_text(check: search.ProbeCheck) -> str:
+  """The probe check in a few words, for the run's log: both forecasts where they differ."""
+  if check.equal:
+    return 'the same bytes'
+
+  def shown(b: int | None) -> str:
+    return 'no forecast' if b is None else f'{b:,} B'
+
+  return (
+    f"other bytes ({shown(check.peak_bytes)} against the probe's "
+    f'{shown(check.probe_peak_bytes)}): the search went on autotuned'
+  )
 
 
 def _trials_text(w: wl.Workload, trials: list[search.Trial]) -> str:

@@ -301,19 +301,6 @@ class ProbeCheck:
   peak_bytes: int | None
   equal: bool
 
-  def verdict(self) -> str:
-    """The check in a few words, for the run's log."""
-    if self.equal:
-      return 'the same bytes'
-
-    def shown(b: int | None) -> str:
-      return 'no forecast' if b is None else f'{b:,} B'
-
-    return (
-      f'other bytes ({shown(self.peak_bytes)} against the probe\'s '
-      f'{shown(self.probe_peak_bytes)}): the search went on autotuned'
-    )
-
 
 def find_max_batch_probing(
   program: prog.Program,

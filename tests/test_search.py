@@ -622,11 +622,12 @@ def test_forecasts_that_differ_send_the_search_on_autotuned_to_the_same_answer(r
   assert {t.examples for t in autotuned} >= {got.max_examples, got.max_examples + 1}
 
 
-def test_the_checks_verdict_gives_both_forecasts_when_they_differ():
-  assert search.ProbeCheck(360, 3600, 3600, True).verdict() == 'the same bytes'
-  differ = search.ProbeCheck(360, 142_191_083_344, 142_189_413_968, False).verdict()
-  assert '142,189,413,968 B against the probe\'s 142,191,083,344 B' in differ
-  assert 'no forecast' in search.ProbeCheck(360, 3600, None, False).verdict()
+def test_the_checks_log_line_gives_both_forecasts_when_they_differ():
+  text = bench.probe_check_text
+  assert text(search.ProbeCheck(360, 3600, 3600, True)) == 'the same bytes'
+  differ = text(search.ProbeCheck(360, 142_191_083_344, 142_189_413_968, False))
+  assert "142,189,413,968 B against the probe's 142,191,083,344 B" in differ
+  assert 'no forecast' in text(search.ProbeCheck(360, 3600, None, False))
 
 
 def test_a_max_that_fails_its_run_sends_the_search_on_autotuned():
