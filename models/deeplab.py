@@ -229,9 +229,10 @@ DEEPLABV3_CONFIG = dict(
   momentum=0.9,
   weight_decay=4e-5,
   # How the depthwise convolutions are computed (models/depthwise.py): XLA's cuDNN grouped
-  # convolution ('cudnn', the faster step) or shifted sums in XLA fusions ('shifts': little to
-  # autotune, but slower steps: deeplabv3 bf16 at 8 images 95.3 against 159.2 images/s on the
-  # H200, sessions 13 and 11).
+  # convolution ('cudnn'), shifted sums in XLA fusions ('shifts': little to autotune; on the H200
+  # deeplabv3 bf16 steps slower at 8 images, 95.3 against 159.2 images/s, and faster at its full
+  # 166, 129.2 against 103.9), or cuDNN with the weight gradient as one reduction per tap
+  # ('cudnn_tap_wgrad': not yet run on a GPU).
   depthwise='cudnn',
 )
 DEEPLABV3_TINY = dict(

@@ -1,4 +1,4 @@
-"""Depthwise convolution, through cuDNN or as a sum of shifted, per-channel-scaled slices.
+"""Depthwise convolution: through cuDNN, as a sum of shifted, per-channel-scaled slices, or both.
 
 A depthwise KxK convolution (one filter per channel: feature_group_count equal to the channel
 count) does K*K multiply-adds per output element. XLA hands `lax.conv_general_dilated` with
@@ -31,6 +31,23 @@ So 'cudnn' stays the default, and 'shifts' is for runs that cannot wait for cuDN
 Its parameters are cuDNN's (the same tree, shapes and initial values) and its memory close to
 it (7.16 against 7.20 GB forecast for deeplabv3 bf16 at 8 images; at full memory 166 images, as
 the deviceless cuDNN forecast has it).
+
+At full memory the picture turns for deeplabv3: at 166 images cuDNN steps in 1,597 ms (103.9
+images/s), the shifted sums in 1,285 ms (session 15). Its autotuning log there says why: the
+depthwise weight gradients. The slowest, entry flow block 1's strided `separable_conv3`, takes
+384 ms at its best candidate, and the five dilated layers' (exit flow block 2, the ASPP), which
+XLA writes as forward convolutions with a 33x33 window over a batch of one, take 67-113 ms each;
+their candidates' timing is 454 s of the compile's 552 s. The forward convolutions and input
+gradients of those layers take 1-18 ms.
+
+'cudnn_tap_wgrad' keeps cuDNN's forward and input gradient and computes the weight gradient as
+one multiply-and-reduce per tap: for tap (i, j), the sum over batch and output pixels of the
+tap's input window times the output gradient, in float32. Each is an XLA reduction fusion that
+reads the input and the gradient once, with nothing to autotune: for that 384 ms gradient, nine
+reads of its 2.8 GB input would take some 5 ms at the H200's 4.8 TB/s. That is an estimate: this
+form has not run on a GPU yet. The parameters, the forward values and the gradients are the grouped
+convolution's (tests/models/test_depthwise.py, and the whole of DeepLab in
+tests/models/test_deeplab.py).
 """
 
 import functools
@@ -40,7 +57,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-IMPLS = ('cudnn', 'shifts')
+IMPLS = ('cudnn', 'shifts', 'cudnn_tap_wgrad')
 _NHWC = ('NHWC', 'HWIO', 'NHWC')
 
 Padding = str | Sequence[tuple[int, int]]
@@ -75,18 +92,70 @@ def depthwise_conv(
     )
   pads = _pads((h, w), k, stride, rate, padding)
   if impl == 'cudnn':
-    return jax.lax.conv_general_dilated(
-      x_NxHxWxC,
-      kernel_KxKx1xC,
-      (stride, stride),
-      pads,
-      rhs_dilation=(rate, rate),
-      dimension_numbers=_NHWC,
-      feature_group_count=c,
-    )
+    return _grouped(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate)
+  if impl == 'cudnn_tap_wgrad':
+    return _grouped_tap_wgrad(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate)
   if impl != 'shifts':
     raise ValueError(f'depthwise impl must be one of {", ".join(IMPLS)}, got {impl!r}')
   return _shifted_sum(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate)
+
+
+def _grouped(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate):
+  return jax.lax.conv_general_dilated(
+    x_NxHxWxC,
+    kernel_KxKx1xC,
+    (stride, stride),
+    pads,
+    rhs_dilation=(rate, rate),
+    dimension_numbers=_NHWC,
+    feature_group_count=x_NxHxWxC.shape[-1],
+  )
+
+
+def _tap(xp, tap_i, tap_j, stride, rate, out_hw):
+  """The input window that tap (tap_i, tap_j) meets at every output pixel: N x Ho x Wo x C."""
+  n, _, _, c = xp.shape
+  ho, wo = out_hw
+  start = (0, tap_i * rate, tap_j * rate, 0)
+  limit = (n, tap_i * rate + (ho - 1) * stride + 1, tap_j * rate + (wo - 1) * stride + 1, c)
+  return jax.lax.slice(xp, start, limit, (1, stride, stride, 1))
+
+
+# cuDNN's forward and input gradient, and the weight gradient as one reduction per tap: for tap
+# (i, j) and channel c, the sum over batch and output pixels of the tap's input window times the
+# output gradient, each a multiply-and-reduce fusion of XLA's that reads the input and the
+# gradient at the memory's speed, with nothing to autotune. The residuals are the input and the
+# kernel, as autodiff of the grouped convolution keeps.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _grouped_tap_wgrad(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate):
+  return _grouped(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate)
+
+
+def _grouped_tap_wgrad_fwd(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate):
+  y = _grouped(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate)
+  return y, (x_NxHxWxC, kernel_KxKx1xC)
+
+
+def _grouped_tap_wgrad_bwd(stride, pads, rate, residuals, dy_NxHoxWoxC):
+  x, kernel = residuals
+  _, input_vjp = jax.vjp(lambda x: _grouped(x, kernel, stride, pads, rate), x)
+  (dx,) = input_vjp(dy_NxHoxWoxC)
+  k = kernel.shape[0]
+  xp = jnp.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
+  dy = dy_NxHoxWoxC.astype(jnp.float32)
+  out_hw = dy.shape[1:3]
+  rows = []
+  for i in range(k):
+    taps = [
+      jnp.sum(_tap(xp, i, j, stride, rate, out_hw).astype(jnp.float32) * dy, axis=(0, 1, 2))
+      for j in range(k)
+    ]
+    rows.append(jnp.stack(taps))  # K x C
+  dkernel = jnp.stack(rows)[:, :, None, :]  # K x K x 1 x C
+  return dx, dkernel.astype(kernel.dtype)
+
+
+_grouped_tap_wgrad.defvjp(_grouped_tap_wgrad_fwd, _grouped_tap_wgrad_bwd)
 
 
 # Rematerialized, so that the backward pass holds only the input and the kernel and recomputes
@@ -94,18 +163,13 @@ def depthwise_conv(
 # that autodiff would keep. (Not compared without it on the H200.)
 @functools.partial(jax.checkpoint, static_argnums=(2, 3, 4))
 def _shifted_sum(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate):
-  n, _, _, c = x_NxHxWxC.shape
+  c = x_NxHxWxC.shape[-1]
   k = kernel_KxKx1xC.shape[0]
   xp = jnp.pad(x_NxHxWxC, ((0, 0), pads[0], pads[1], (0, 0)))
   effective = (k - 1) * rate + 1
   ho = (xp.shape[1] - effective) // stride + 1
   wo = (xp.shape[2] - effective) // stride + 1
-  patches = []
-  for i in range(k):
-    for j in range(k):
-      start = (0, i * rate, j * rate, 0)
-      limit = (n, i * rate + (ho - 1) * stride + 1, j * rate + (wo - 1) * stride + 1, c)
-      patches.append(jax.lax.slice(xp, start, limit, (1, stride, stride, 1)))
+  patches = [_tap(xp, i, j, stride, rate, (ho, wo)) for i in range(k) for j in range(k)]
   # The taps on a new minor axis, multiplied and summed there (not an einsum, which XLA would
   # make a matmul over materialized patches): autodiff then gives the weight gradient as one
   # reduction over batch and space for all K*K taps, instead of one reduction per tap. This is

@@ -183,9 +183,10 @@ NASNET_LARGE_CONFIG = dict(
   weight_decay=1e-4,
   lr=0.005,  # tf_cnn_benchmarks' NasnetLargeModel default (batch 16)
   # How the depthwise convolutions are computed (models/depthwise.py): XLA's cuDNN grouped
-  # convolution ('cudnn', the faster step) or shifted sums in XLA fusions ('shifts': little to
-  # autotune, but slower steps: deeplabv3 bf16 at 8 images 95.3 against 159.2 images/s on the
-  # H200, sessions 13 and 11).
+  # convolution ('cudnn'), shifted sums in XLA fusions ('shifts': little to autotune; on the H200
+  # deeplabv3 bf16 steps slower at 8 images, 95.3 against 159.2 images/s, and faster at its full
+  # 166, 129.2 against 103.9), or cuDNN with the weight gradient as one reduction per tap
+  # ('cudnn_tap_wgrad': not yet run on a GPU).
   depthwise='cudnn',
 )
 # One normal cell per stack at 64x64 (31 -> 16 -> 8 -> 4 -> 2 pixels, so batch norm in the

@@ -40,9 +40,11 @@ def blur(x_NxHxWxC, impl='cudnn'):
   """The [1,2,1] x [1,2,1] / 16 low-pass filter, depthwise, zero-padded to the same size.
 
   'shifts' sums shifted copies, one axis at a time, in float32 (one elementwise fusion, nothing
-  for XLA to autotune: models/depthwise.py says why); 'cudnn' is XLA's grouped convolution.
+  for XLA to autotune: models/depthwise.py says why); 'cudnn' is XLA's grouped convolution, and
+  so is 'cudnn_tap_wgrad' here: the filter is a constant, so there is no weight gradient to
+  compute another way.
   """
-  if impl == 'cudnn':
+  if impl in ('cudnn', 'cudnn_tap_wgrad'):
     c = x_NxHxWxC.shape[-1]
     f = np.outer([1.0, 2.0, 1.0], [1.0, 2.0, 1.0]) / 16.0
     kernel = jnp.asarray(np.tile(f[:, :, None, None], (1, 1, 1, c)), x_NxHxWxC.dtype)

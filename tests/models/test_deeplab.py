@@ -108,3 +108,38 @@ def test_flops_match_deeplab_model_zoo():
   macs = deeplab.forward_flops(CFG, with_resizes=False) / 2
   np.testing.assert_allclose(macs, 54.17e9, rtol=0.005)
   assert deeplab.flops_per_example(CFG) == 3 * deeplab.forward_flops(CFG)
+
+
+def test_depthwise_impls_give_the_same_gradients():
+  """The weight gradient per tap (models/depthwise.py) is the grouped convolution's, in the net."""
+  batch = jax.jit(lambda k: deeplab.make_batch(TINY, k, 2))(jax.random.key(0))
+  model = {
+    impl: deeplab.DeepLabV3Plus(deeplab.DEEPLABV3.resolve(tiny=True, overrides={'depthwise': impl}))
+    for impl in ('cudnn', 'cudnn_tap_wgrad')
+  }
+  variables = model['cudnn'].init(jax.random.key(1), batch, train=False)
+
+  def grads(impl):
+    def loss(params):
+      # Batch statistics (train mode), as the train step has them; no dropout draw.
+      logits, _ = model[impl].apply(
+        {**variables, 'params': params},
+        batch,
+        train=True,
+        rngs={'dropout': jax.random.key(2)},
+        mutable=['batch_stats'],
+      )
+      return deeplab.loss(TINY, logits, batch)[0]
+
+    return jax.jit(jax.grad(loss))(variables['params'])
+
+  reference, tapwise = grads('cudnn'), grads('cudnn_tap_wgrad')
+  depthwise_kernels = 0
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(reference), jax.tree.leaves(tapwise)):
+    name = jax.tree_util.keystr(path)
+    scale = float(jnp.abs(a).max())
+    if "['depthwise']['kernel']" in name:
+      depthwise_kernels += 1
+      assert scale > 0, name
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * scale, err_msg=name)
+  assert depthwise_kernels > 10
