@@ -77,14 +77,19 @@ instruction_profiles {
     config { backend: CUDNN backend_config { algorithm { workspace_size { } } } }
     run_time { seconds: 2 nanos: 606488281 }
   }
-  hlo_text: "%cudnn-conv.593 = (bf16[1,3,3,1536], u8[0]) custom-call(%a) metadata={op_name=\\"x\\"}"
+  hlo_text: "CONV_593"
 }
 instruction_profiles {
   hlo_fingerprint: "0115"
   config_profiles { config { backend: NATIVE_EMITTER } run_time { nanos: 3424 } }
   hlo_text: "%input_transpose_fusion.10 = bf16[2048,3,3,1]{3,2,1,0} fusion(%p), kind=kInput"
 }
-'''
+'''.replace(
+  'CONV_593',
+  '%cudnn-conv.593 = (bf16[1,3,3,1536], u8[0]) custom-call(%a), feature_group_count=1536, '
+  'metadata={op_name=\\"jit(step)/transpose(jvp(DeepLabV3Plus))/aspp1/depthwise/depthwise/'
+  'conv_general_dilated\\" stack_frame_id=3}',
+)
 
 
 def test_it_reads_the_autotuners_instruction_profiles():
@@ -96,3 +101,24 @@ def test_it_reads_the_autotuners_instruction_profiles():
   assert s['backends']['CUDNN'][0] == 3 and abs(s['backends']['CUDNN'][1] - 2.879337859) < 1e-9
   assert s['backends']['NATIVE_EMITTER'] == (1, 3424e-9)
   assert 'By backend: CUDNN 3 candidates' in autotune_log.render(s, top=5)
+  assert (conv['groups'], fusion['groups']) == (1536, 1)
+  assert conv['layer'] == 'backward: aspp1/depthwise/depthwise' and fusion['layer'] == ''
+  assert s['grouped']['instructions'] == 1 and abs(s['grouped']['best_s'] - 600128e-9) < 1e-12
+  assert s['ungrouped'] == {'instructions': 1, 'sum_s': 3424e-9, 'best_s': 3424e-9}
+  by_best = autotune_log.render(s, top=5, sort='best').splitlines()
+  assert by_best[-2].startswith('| cudnn-conv.593 | 1536 | backward: aspp1/depthwise/depthwise |')
+
+
+def test_it_reads_a_gzipped_log(tmp_path):
+  import gzip
+
+  log = tmp_path / 'log.txt.gz'
+  with gzip.open(log, 'wt') as f:
+    f.write(PROFILES)
+  r = subprocess.run(
+    [sys.executable, os.path.join(ROOT, 'scripts', 'autotune_log.py'), str(log), '--sort=best'],
+    capture_output=True,
+    text=True,
+  )
+  assert r.returncode == 0, r.stderr
+  assert '2 instructions autotuned, 4 candidates timed (0 failed).' in r.stdout
