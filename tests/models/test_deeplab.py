@@ -6,7 +6,7 @@ import numpy as np
 
 from jaxbench import precision
 from jaxbench import workload as wl
-from models import deeplab, xception
+from models import deeplab, depthwise, xception
 
 CFG = deeplab.DEEPLABV3.resolve()
 TINY = deeplab.DEEPLABV3.resolve(tiny=True)
@@ -110,7 +110,7 @@ def test_flops_match_deeplab_model_zoo():
   assert deeplab.flops_per_example(CFG) == 3 * deeplab.forward_flops(CFG)
 
 
-def test_depthwise_impls_give_the_same_gradients():
+def test_depthwise_impls_give_the_same_gradients(monkeypatch):
   """The weight gradient per tap (models/depthwise.py) is the grouped convolution's, in the net."""
   batch = jax.jit(lambda k: deeplab.make_batch(TINY, k, 2))(jax.random.key(0))
   model = {
@@ -119,21 +119,27 @@ def test_depthwise_impls_give_the_same_gradients():
   }
   variables = model['cudnn'].init(jax.random.key(1), batch, train=False)
 
-  def grads(impl):
-    def loss(params):
-      # Batch statistics (train mode), as the train step has them; no dropout draw.
-      logits, _ = model[impl].apply(
-        {**variables, 'params': params},
-        batch,
-        train=True,
-        rngs={'dropout': jax.random.key(2)},
-        mutable=['batch_stats'],
-      )
-      return deeplab.loss(TINY, logits, batch)[0]
+  def loss(params, impl):
+    # Batch statistics (train mode), as the train step has them; the same dropout draw for both.
+    logits, _ = model[impl].apply(
+      {**variables, 'params': params},
+      batch,
+      train=True,
+      rngs={'dropout': jax.random.key(2)},
+      mutable=['batch_stats'],
+    )
+    return deeplab.loss(TINY, logits, batch)[0]
 
-    return jax.jit(jax.grad(loss))(variables['params'])
-
-  reference, tapwise = grads('cudnn'), grads('cudnn_tap_wgrad')
+  # Every depthwise layer takes the override.
+  calls = []
+  tap_wgrad = depthwise._grouped_tap_wgrad
+  monkeypatch.setattr(depthwise, '_grouped_tap_wgrad', lambda *a: calls.append(1) or tap_wgrad(*a))
+  jax.eval_shape(lambda p: loss(p, 'cudnn_tap_wgrad'), variables['params'])
+  assert len(calls) == 23
+  monkeypatch.undo()
+  grads = jax.jit(jax.grad(loss), static_argnums=1)
+  reference = grads(variables['params'], 'cudnn')
+  tapwise = grads(variables['params'], 'cudnn_tap_wgrad')
   depthwise_kernels = 0
   for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(reference), jax.tree.leaves(tapwise)):
     name = jax.tree_util.keystr(path)
@@ -142,4 +148,4 @@ def test_depthwise_impls_give_the_same_gradients():
       depthwise_kernels += 1
       assert scale > 0, name
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * scale, err_msg=name)
-  assert depthwise_kernels > 10
+  assert depthwise_kernels == 23
