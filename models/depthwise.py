@@ -143,15 +143,12 @@ def _grouped_tap_wgrad_bwd(stride, pads, rate, residuals, dy_NxHoxWoxC):
   k = kernel.shape[0]
   xp = jnp.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
   dy = dy_NxHoxWoxC.astype(jnp.float32)
-  out_hw = dy.shape[1:3]
-  rows = []
-  for i in range(k):
-    taps = [
-      jnp.sum(_tap(xp, i, j, stride, rate, out_hw).astype(jnp.float32) * dy, axis=(0, 1, 2))
-      for j in range(k)
-    ]
-    rows.append(jnp.stack(taps))  # K x C
-  dkernel = jnp.stack(rows)[:, :, None, :]  # K x K x 1 x C
+  taps = [
+    jnp.sum(_tap(xp, i, j, stride, rate, dy.shape[1:3]).astype(jnp.float32) * dy, axis=(0, 1, 2))
+    for i in range(k)
+    for j in range(k)
+  ]
+  dkernel = jnp.stack(taps).reshape(kernel.shape)  # K*K x C, row-major taps -> K x K x 1 x C
   return dx, dkernel.astype(kernel.dtype)
 
 

@@ -143,12 +143,13 @@ def summarize(tree: dict) -> dict:
       n, total = backends.get(backend, (0, 0.0))
       backends[backend] = (n + 1, total + (t or 0.0))
     hlo = _first(log, 'hlo_text', '')
-    groups = _GROUPS.search(hlo) if isinstance(hlo, str) else None
+    hlo = hlo if isinstance(hlo, str) else ''
+    groups = _GROUPS.search(hlo)
     rows.append(
       {
         'label': _label(log),
         'groups': int(groups.group(1)) if groups else 1,
-        'layer': _layer(hlo) if isinstance(hlo, str) else '',
+        'layer': _layer(hlo),
         'candidates': len(candidates),
         'failures': failures,
         'sum_s': sum(times),
@@ -157,11 +158,9 @@ def summarize(tree: dict) -> dict:
       }
     )
   return {
-    'instructions': len(rows),
+    **_part(rows),
     'candidates': sum(r['candidates'] for r in rows),
     'failures': sum(r['failures'] for r in rows),
-    'sum_s': sum(r['sum_s'] for r in rows),
-    'best_s': sum(r['best_s'] or 0.0 for r in rows),
     'first_s': sum(r['first_s'] or 0.0 for r in rows),
     'rows': rows,
     'backends': backends,
@@ -171,6 +170,7 @@ def summarize(tree: dict) -> dict:
 
 
 def _part(rows: list[dict]) -> dict:
+  """Rows' count, candidates' summed time and summed best times."""
   return {
     'instructions': len(rows),
     'sum_s': sum(r['sum_s'] for r in rows),
