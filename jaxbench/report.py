@@ -25,6 +25,16 @@ def _fmt(value, spec, missing='-'):
   return missing if value is None else format(value, spec)
 
 
+def autotune_level(result: dict[str, Any]) -> int | None:
+  """The --xla_gpu_autotune_level a result's XLA_FLAGS set (--autotune_level), or None: XLA's
+  default (4). A run at another level times other convolution algorithms than the default's."""
+  level = None
+  for flag in (result.get('xla_flags') or '').split():
+    if flag.startswith('--xla_gpu_autotune_level='):
+      level = int(flag.split('=', 1)[1])
+  return level
+
+
 def human_bytes(n: int | None) -> str:
   if n is None:
     return '-'
@@ -133,7 +143,8 @@ def notes(results: Iterable[dict[str, Any]]) -> str:
       f"{r['workload']}: memory {memory}"
       f", budget {human_bytes(budget)}"
       f" enforced by {mem['enforced_by']}; XLA rematerialization {'on' if mem['remat'] else 'off'}"
-      f"; {'max-batch search' if r['search']['mode'] == 'search' else 'fixed batch'},"
+      + ('' if autotune_level(r) is None else f'; XLA autotuning at level {autotune_level(r)}')
+      + f"; {'max-batch search' if r['search']['mode'] == 'search' else 'fixed batch'},"
       f" {len(r['search']['trials'])} trials"
       + ('' if r['search'].get('seconds') is None else f", {r['search']['seconds']:.1f} s")
       + ('' if r.get('init_s') is None else f" (initial state built in {r['init_s']:.1f} s)")

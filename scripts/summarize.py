@@ -21,9 +21,21 @@ def _gb(n: int | None) -> str:
   return '—' if n is None else f'{n / 1e9:.2f}'
 
 
+def autotune_level(r: dict) -> int | None:
+  """--autotune_level as the run's XLA_FLAGS set it (jaxbench.report.autotune_level's reading;
+  this script imports nothing of jaxbench, so that it runs on the device's bare python3)."""
+  flags = [
+    f for f in (r.get('xla_flags') or '').split() if f.startswith('--xla_gpu_autotune_level=')
+  ]
+  return int(flags[-1].split('=', 1)[1]) if flags else None
+
+
 def workload(r: dict) -> str:
-  """The workload's name, with its --set overrides where a run had any."""
+  """The workload's name, with its --set overrides and --autotune_level where a run had any."""
   sets = ', '.join(f'{k}={v}' for k, v in r.get('overrides') or [])
+  level = autotune_level(r)
+  if level is not None:
+    sets = ', '.join(x for x in (sets, f'autotune level {level}') if x)
   return f"{r['workload']} ({sets})" if sets else r['workload']
 
 
