@@ -45,9 +45,10 @@ one multiply-and-reduce per tap: for tap (i, j), the sum over batch and output p
 tap's input window times the output gradient, in float32. Each is an XLA reduction fusion that
 reads the input and the gradient once, with nothing to autotune: for that 384 ms gradient, nine
 reads of its 2.8 GB input would take some 5 ms at the H200's 4.8 TB/s. That is an estimate: this
-form has not run on a GPU yet. The parameters, the forward values and the gradients are the grouped
-convolution's (tests/models/test_depthwise.py, and the whole of DeepLab in
-tests/models/test_deeplab.py).
+form has run on a GPU only at 8 images (session 16: deeplabv3 bf16 169.3 images/s and a 65.0 s
+compile, against cuDNN's 159.2 and 130.7 s). The parameters, the forward values and the
+gradients are the grouped convolution's (tests/models/test_depthwise.py, and the whole of DeepLab
+in tests/models/test_deeplab.py).
 """
 
 import functools

@@ -76,6 +76,55 @@ def _summed_shifts(w_KxKxIxO):
   return w[1:, 1:] + w[:-1, 1:] + w[1:, :-1] + w[:-1, :-1]
 
 
+# How a fused resampling convolution is computed (EqConv's fused_impl):
+# - 'dilated': XLA's transposed (input-dilated) or stride-2 convolution of the 4x4 kernel. The
+#   weight gradients of the upsampling ones, and the R1 penalty's second-order terms of the
+#   downsampling ones, have a gradient larger than the input they are taken against: XLA swaps
+#   the operands (kernel and input), which reverses the window, and such a convolution cannot
+#   be cuDNN's backward-filter one. It reaches cuDNN as a forward convolution with a reversed,
+#   2-dilated window of the image's size (512x512 at 1024x1024): a few thousand outputs, each
+#   a sum over half the image and the batch (sessions 12, 15, 16: bf16 autotuning at 166-168
+#   images did not end in 25 minutes).
+# - 'phases': the same function as 3x3 stride-1 convolutions of the size of their input, whose
+#   gradients are ordinary ones: upsampling computes the four output phases as 4*O channels and
+#   interleaves them (depth to space); downsampling folds each 2x2 block of pixels into 4*I
+#   channels first (space to depth). 20 of each 36 taps are zero: 2.25 times the multiply-adds.
+FUSED_IMPLS = ('dilated', 'phases')
+
+# Nearest 2x upsampling then a 3x3 kernel (taps at offsets -1, 0, 1 on the upsampled grid), as
+# taps on input rows i - 1, i, i + 1: _UP[a, input offset, kernel tap] for output row 2i + a.
+_UP = np.array([[[1, 0, 0], [0, 1, 1], [0, 0, 0]], [[0, 0, 0], [1, 1, 0], [0, 0, 1]]], np.float32)
+# The stride-2 4x4 kernel (padding 1) over 2x2 pixel blocks: tap t reads pixel 2m - 1 + t, that is
+# block m - 1 + d in phase a: _DOWN[d, a, t].
+_DOWN = np.zeros((3, 2, 4), np.float32)
+for _t, (_d, _a) in enumerate(((0, 1), (1, 0), (1, 1), (2, 0))):
+  _DOWN[_d, _a, _t] = 1.0
+
+
+def _same3(x, k, conv):
+  return conv(x, k, window_strides=(1, 1), padding=((1, 1), (1, 1)))
+
+
+def _up_phases(x_NxHxWxI, w_3x3xIxO, conv):
+  """upscale(x) then the 3x3 convolution (zero-padded), as one 3x3 convolution to 4*O channels."""
+  n, h, w, _ = x_NxHxWxI.shape
+  o = w_3x3xIxO.shape[-1]
+  m = jnp.asarray(_UP, w_3x3xIxO.dtype)
+  k = jnp.einsum('apr,bqs,rsio->pqiabo', m, m, w_3x3xIxO).reshape(3, 3, -1, 4 * o)
+  y = _same3(x_NxHxWxI, k, conv).reshape(n, h, w, 2, 2, o).transpose(0, 1, 3, 2, 4, 5)
+  return y.reshape(n, 2 * h, 2 * w, o)
+
+
+def _down_phases(x_NxHxWxI, k_4x4xIxO, conv):
+  """The stride-2 4x4 convolution (padding 1) as a 3x3 one over 2x2 pixel blocks."""
+  n, h, w, i = x_NxHxWxI.shape
+  x = x_NxHxWxI.reshape(n, h // 2, 2, w // 2, 2, i).transpose(0, 1, 3, 2, 4, 5)
+  x = x.reshape(n, h // 2, w // 2, 4 * i)  # channels in (row phase, column phase, feature) order
+  s = jnp.asarray(_DOWN, k_4x4xIxO.dtype)
+  k = jnp.einsum('dat,ebu,tuio->deabio', s, s, k_4x4xIxO).reshape(3, 3, 4 * i, -1)
+  return _same3(x, k, conv)
+
+
 def minibatch_stddev(x_NxHxWxC, group_size=4, num_features=1):
   """Appends the within-group standard deviation, averaged over features and pixels.
 
@@ -129,6 +178,7 @@ class EqConv(nn.Module):
   gain: float = SQRT2
   resample: str | None = None  # None, 'up' or 'down'
   fused: bool = False
+  fused_impl: str = 'dilated'  # FUSED_IMPLS
   use_bias: bool = True
   dtype: Any = jnp.float32
 
@@ -142,11 +192,20 @@ class EqConv(nn.Module):
     conv = lambda x, w, **kw: jax.lax.conv_general_dilated(
       x, w.astype(self.dtype), dimension_numbers=_NHWC, **kw
     )
-    if self.resample == 'up' and self.fused:
+    if self.fused and self.fused_impl not in FUSED_IMPLS:
+      raise ValueError(
+        f'fused_impl must be one of {", ".join(FUSED_IMPLS)}, got {self.fused_impl!r}'
+      )
+    phases = self.fused and self.fused_impl == 'phases' and k == 3
+    if self.resample == 'up' and phases:
+      y = _up_phases(x, w, conv)
+    elif self.resample == 'up' and self.fused:
       # Input dilation by 2 plus the 4x4 kernel: a transposed convolution.
       y = conv(
         x, _summed_shifts(w), window_strides=(1, 1), padding=((2, 2), (2, 2)), lhs_dilation=(2, 2)
       )
+    elif self.resample == 'down' and phases:
+      y = _down_phases(x, _summed_shifts(w) * 0.25, conv)
     elif self.resample == 'down' and self.fused:
       y = conv(x, _summed_shifts(w) * 0.25, window_strides=(2, 2), padding=((1, 1), (1, 1)))
     else:

@@ -106,17 +106,53 @@ def test_r1_is_zero_for_a_discriminator_constant_in_its_input(tiny):
 @pytest.mark.parametrize('resample', ['up', 'down'])
 def test_fused_resampling_convolution_matches_the_separate_ops(resample):
   # Host-side random numbers and one jit per variant: on CPU every eagerly run
-  # primitive (threefry included) is a compile of its own.
+  # primitive (threefry included) is a compile of its own. Odd-sized H and W sides
+  # (6 and 10) so that a phase or a block taken from the wrong row or column shows.
   draw = np.random.default_rng(5).standard_normal
-  x = jnp.asarray(draw((2, 8, 8, 4)), jnp.float32)
-  convs = [sl.EqConv(6, resample=resample, fused=fused) for fused in (False, True)]
+  x = jnp.asarray(draw((2, 6, 10, 4)), jnp.float32)
+  convs = [
+    sl.EqConv(6, resample=resample, fused=fused, fused_impl=impl)
+    for fused, impl in ((False, 'dilated'), (True, 'dilated'), (True, 'phases'))
+  ]
   params = jax.tree.map(
     lambda p: jnp.asarray(draw(p.shape), jnp.float32),  # non-zero biases
     jax.eval_shape(convs[0].init, jax.random.key(6), x),
   )
-  separate, fused = (jax.jit(conv.apply)(params, x) for conv in convs)
-  assert separate.shape == fused.shape == ((2, 16, 16, 6) if resample == 'up' else (2, 4, 4, 6))
-  np.testing.assert_allclose(fused, separate, rtol=1e-5, atol=1e-5)
+  separate, dilated, phases = (jax.jit(conv.apply)(params, x) for conv in convs)
+  assert separate.shape == ((2, 12, 20, 6) if resample == 'up' else (2, 3, 5, 6))
+  np.testing.assert_allclose(dilated, separate, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(phases, separate, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('resample', ['up', 'down'])
+def test_phased_resampling_has_the_dilated_forms_gradients_to_second_order(resample):
+  """R1 differentiates the discriminator's input gradient with respect to its weights: the
+  phased form must give the dilated form's first and second derivatives."""
+  draw = np.random.default_rng(7).standard_normal
+  x = jnp.asarray(draw((2, 8, 8, 3)), jnp.float32)
+  convs = [sl.EqConv(5, resample=resample, fused=True, fused_impl=i) for i in sl.FUSED_IMPLS]
+  params = jax.tree.map(
+    lambda p: jnp.asarray(draw(p.shape), jnp.float32),
+    jax.eval_shape(convs[0].init, jax.random.key(8), x),
+  )
+
+  def r1_like(conv):
+    def penalty(params):
+      grad_x = jax.grad(lambda x: jnp.sum(jnp.sin(conv.apply(params, x))))(x)
+      return jnp.sum(jnp.square(grad_x))
+
+    return jax.jit(jax.value_and_grad(penalty))(params)
+
+  (v0, g0), (v1, g1) = (r1_like(conv) for conv in convs)
+  np.testing.assert_allclose(v1, v0, rtol=1e-5)
+  for name in g0['params']:
+    np.testing.assert_allclose(g1['params'][name], g0['params'][name], rtol=1e-4, atol=1e-5)
+
+
+def test_an_unknown_fused_impl_is_refused():
+  x = jnp.zeros((1, 4, 4, 2))
+  with pytest.raises(ValueError, match='fused_impl must be one of dilated, phases'):
+    sl.EqConv(3, resample='up', fused=True, fused_impl='fft').init(jax.random.key(0), x)
 
 
 def test_full_size_parameter_counts():
