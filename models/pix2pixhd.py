@@ -313,6 +313,10 @@ PIX2PIXHD = wl.Workload(
     lr=2e-4,
     beta1=0.5,
     shapes=24,  # painted objects per synthetic label map
+    # How the generator upsamples (models/pix2pixhd_nets.UPSAMPLES): transposed convolutions
+    # ('transposed', the results so far) or 2x2 convolutions to the output phases ('phases':
+    # the same function; not yet run on a GPU).
+    upsample='transposed',
   ),
   # Every stage kept but the fewest layers: XLA's CPU compile time grows with the
   # layer count (about 30 s of CPU for this step), not with the image size.
@@ -335,4 +339,5 @@ PIX2PIXHD = wl.Workload(
   default_precision='fp32',
   family='image',
   adversarial=True,
+  choices={'upsample': nets_lib.UPSAMPLES},
 )

@@ -151,3 +151,36 @@ def test_flops_per_example():
   g = W.flops_per_example(W.config)
   assert 1.0e13 < g < 1.3e13  # about 11.7 TFLOPs per 2048x1024 image
   assert W.flops_per_example(TINY) < g / 1000
+
+
+def test_phased_upsampling_is_the_transposed_convolution():
+  """PhasedUp has nn.ConvTranspose's parameters and computes its function, gradients included;
+  odd sides (3x5) so that a phase taken from the wrong row or column shows."""
+  draw = np.random.default_rng(3).standard_normal
+  x = jnp.asarray(draw((2, 3, 5, 4)), jnp.float32)
+  transposed = nn.ConvTranspose(6, (3, 3), strides=(2, 2), padding=((1, 2), (1, 2)))
+  phased = pix2pixhd_nets.PhasedUp(6)
+  shapes = jax.eval_shape(transposed.init, jax.random.key(0), x)
+  assert jax.tree.map(lambda s: s.shape, shapes) == jax.tree.map(
+    lambda s: s.shape, jax.eval_shape(phased.init, jax.random.key(0), x)
+  )
+  params = jax.tree.map(lambda s: jnp.asarray(draw(s.shape), jnp.float32), shapes)
+
+  def loss(module):
+    return jax.jit(
+      jax.value_and_grad(lambda p, x: jnp.sum(jnp.sin(module.apply(p, x))), argnums=(0, 1))
+    )(params, x)
+
+  (v0, (gp0, gx0)), (v1, (gp1, gx1)) = loss(transposed), loss(phased)
+  assert transposed.apply(params, x).shape == phased.apply(params, x).shape == (2, 6, 10, 6)
+  np.testing.assert_allclose(phased.apply(params, x), transposed.apply(params, x), atol=1e-5)
+  np.testing.assert_allclose(v1, v0, rtol=1e-5)
+  np.testing.assert_allclose(gx1, gx0, rtol=1e-4, atol=1e-5)
+  for name in ('kernel', 'bias'):
+    np.testing.assert_allclose(gp1['params'][name], gp0['params'][name], rtol=1e-4, atol=1e-5)
+
+
+def test_phased_upsampling_keeps_the_parameter_count():
+  trainer = W.trainer(W.resolve(overrides={'upsample': 'phases'}), precision.get('fp32'))
+  counts = wl.param_counts(trainer, jax.eval_shape(trainer.init, jax.random.key(0)))
+  assert (counts['generator'], counts['discriminator']) == (REFERENCE_G, REFERENCE_D)
