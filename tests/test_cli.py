@@ -197,9 +197,12 @@ def test_fixed_batch_run_appends_one_json_line_with_every_field(tmp_path):
 @pytest.mark.slow
 def test_search_on_the_cpu_under_a_memory_limit(tmp_path):
   out = tmp_path / 'r.jsonl'
+  # fp32, not transformer_big's fp16 default: XLA:CPU's fp16 program is some four times the
+  # HLO and each of the search's compiles as many times slower (88 s against 26 s for the search).
   r = jaxbench(
     '--model=transformer_big',
     '--tiny',
+    '--precision=fp32',
     '--memory_limit_gb=0.002',
     '--steps=2',
     '--windows=1',

@@ -1,7 +1,10 @@
 """Prediction arithmetic: the compile-only search under each card's cap, compiles shared."""
 
 from jaxbench import catalog, hints, predict, search
-from tests.test_search import FakeProgram
+from tests.test_search import (
+  FakeProgram,
+  _no_collection_after_a_failed_trial,  # noqa: F401  (autouse)
+)
 
 
 def test_compile_only_search_finds_the_cap_boundary_and_runs_nothing():
