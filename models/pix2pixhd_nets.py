@@ -103,7 +103,8 @@ class _Layers(nn.Module):
     )
 
   def up(self, ch, name=None):
-    if getattr(self, 'upsample', 'transposed') == 'phases':
+    # Only the generator's modules upsample; they have the `upsample` field.
+    if self.upsample == 'phases':
       return PhasedUp(ch, dtype=self.dtype, name=name)
     # ConvTranspose2d(k=3, s=2, padding=1, output_padding=1): on the 2x-dilated input
     # that is padding (k-1-1, k-1-1+1) = (1, 2), doubling the size exactly.
