@@ -1,5 +1,6 @@
 """The max-batch search: doubling, the line jump, bisection, the boundary, OOM handling."""
 
+import copy
 import dataclasses
 import gc
 import json
@@ -464,12 +465,22 @@ def test_earlier_trials_that_disagree_are_refused():
     search.find_max_batch(FakeProgram(), 1000, known=known)
 
 
-def test_a_resumed_search_in_bench_records_where_each_trial_came_from(tmp_path):
-  """Two processes' worth of one search on the tiny transformer: the second starts from the
-  first one's record, compiles fewer probes, and reports both runs' trials."""
+@pytest.fixture(scope='module')
+def plain_bert_search():
+  """(workload, memory, options, result) of one plain search of tiny bert_base under the CPU's
+  default budget: the same run starts each of the three tests below that compare another
+  search with it (some 30 s of CPU each time), so it runs once a test process."""
   w = registry.get('bert_base')
   memory = bench.backend.MemorySetup(None, None, None, False)
-  first = bench.run(w, bench.Options(tiny=True, steps=1, windows=1, warmup_steps=0), memory)
+  opts = bench.Options(tiny=True, steps=1, windows=1, warmup_steps=0)
+  return w, memory, opts, bench.run(w, opts, memory)
+
+
+def test_a_resumed_search_in_bench_records_where_each_trial_came_from(tmp_path, plain_bert_search):
+  """Two processes' worth of one search on the tiny transformer: the second starts from the
+  first one's record, compiles fewer probes, and reports both runs' trials."""
+  w, memory, _, first = plain_bert_search
+  first = copy.deepcopy(first)
   assert first['status'] == 'ok'
   path = tmp_path / 'first.jsonl'
   path.write_text(json.dumps(first) + '\n')
@@ -522,11 +533,9 @@ def test_a_resumed_forecast_fit_is_compiled_and_run_here_before_it_is_the_max():
   assert found.max_examples == 361 and p.compiled == [361] and p.ran == [361]
 
 
-def test_a_search_that_runs_only_its_max_on_the_tiny_transformer():
-  w = registry.get('bert_base')
-  memory = bench.backend.MemorySetup(None, None, None, False)
-  opts = bench.Options(tiny=True, steps=1, windows=1, warmup_steps=0)
-  every = bench.run(w, opts, memory)
+def test_a_search_that_runs_only_its_max_on_the_tiny_transformer(plain_bert_search):
+  w, memory, opts, every = plain_bert_search
+  every = copy.deepcopy(every)
   lazy = bench.run(w, dataclasses.replace(opts, run_every_fit=False), memory)
   assert lazy['status'] == every['status'] == 'ok'
   assert lazy['max_batch'] == every['max_batch']
@@ -653,13 +662,11 @@ def test_probing_where_nothing_fits_compiles_nothing_autotuned():
   assert got.max_examples == 0 and check is None and real.compiled == []
 
 
-def test_probing_on_the_tiny_transformer_finds_the_plain_searchs_max(tmp_path):
+def test_probing_on_the_tiny_transformer_finds_the_plain_searchs_max(tmp_path, plain_bert_search):
   """On the CPU the autotune level changes nothing, so the check must pass; the record says
   which trials were probes (and hints of a later run leave them out as another program's)."""
-  w = registry.get('bert_base')
-  memory = bench.backend.MemorySetup(None, None, None, False)
-  opts = bench.Options(tiny=True, steps=1, windows=1, warmup_steps=0)
-  plain = bench.run(w, opts, memory)
+  w, memory, opts, plain = plain_bert_search
+  plain = copy.deepcopy(plain)
   lines = []
   probed = bench.run(w, dataclasses.replace(opts, probe_autotune_level=0), memory, lines.append)
   assert probed['status'] == plain['status'] == 'ok'
