@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models import phases
+
 # pix2pixHD's weights_init draws every convolution kernel from N(0, 0.02).
 KERNEL_STD = 0.02
 _conv_init = dict(kernel_init=nn.initializers.normal(KERNEL_STD), bias_init=nn.initializers.zeros)
@@ -69,21 +71,17 @@ class PhasedUp(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxHxWxI):
-    b, h, w, i = x_BxHxWxI.shape
-    o = self.features
+    i, o = x_BxHxWxI.shape[-1], self.features
     kernel = self.param('kernel', self.kernel_init, (3, 3, i, o))
     bias = self.param('bias', self.bias_init, (o,))
-    m = jnp.asarray(_PHASES, kernel.dtype)
-    k = jnp.einsum('apr,bqs,rsio->pqiabo', m, m, kernel).reshape(2, 2, i, 4 * o)
     y = jax.lax.conv_general_dilated(
       x_BxHxWxI.astype(self.dtype),
-      k.astype(self.dtype),
+      phases.phase_kernel(_PHASES, kernel).astype(self.dtype),
       window_strides=(1, 1),
       padding=((0, 1), (0, 1)),
       dimension_numbers=('NHWC', 'HWIO', 'NHWC'),
     )
-    y = y.reshape(b, h, w, 2, 2, o).transpose(0, 1, 3, 2, 4, 5).reshape(b, 2 * h, 2 * w, o)
-    return y + bias.astype(self.dtype)
+    return phases.depth_to_space(y) + bias.astype(self.dtype)
 
 
 class _Layers(nn.Module):

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import depthwise
+from models import depthwise, phases
 
 SQRT2 = math.sqrt(2.0)
 _NHWC = ('NHWC', 'HWIO', 'NHWC')
@@ -107,22 +107,15 @@ def _same3(x, k, conv):
 
 def _up_phases(x_NxHxWxI, w_3x3xIxO, conv):
   """upscale(x) then the 3x3 convolution (zero-padded), as one 3x3 convolution to 4*O channels."""
-  n, h, w, _ = x_NxHxWxI.shape
-  o = w_3x3xIxO.shape[-1]
-  m = jnp.asarray(_UP, w_3x3xIxO.dtype)
-  k = jnp.einsum('apr,bqs,rsio->pqiabo', m, m, w_3x3xIxO).reshape(3, 3, -1, 4 * o)
-  y = _same3(x_NxHxWxI, k, conv).reshape(n, h, w, 2, 2, o).transpose(0, 1, 3, 2, 4, 5)
-  return y.reshape(n, 2 * h, 2 * w, o)
+  return phases.depth_to_space(_same3(x_NxHxWxI, phases.phase_kernel(_UP, w_3x3xIxO), conv))
 
 
 def _down_phases(x_NxHxWxI, k_4x4xIxO, conv):
   """The stride-2 4x4 convolution (padding 1) as a 3x3 one over 2x2 pixel blocks."""
-  n, h, w, i = x_NxHxWxI.shape
-  x = x_NxHxWxI.reshape(n, h // 2, 2, w // 2, 2, i).transpose(0, 1, 3, 2, 4, 5)
-  x = x.reshape(n, h // 2, w // 2, 4 * i)  # channels in (row phase, column phase, feature) order
+  i = x_NxHxWxI.shape[-1]
   s = jnp.asarray(_DOWN, k_4x4xIxO.dtype)
   k = jnp.einsum('dat,ebu,tuio->deabio', s, s, k_4x4xIxO).reshape(3, 3, 4 * i, -1)
-  return _same3(x, k, conv)
+  return _same3(phases.space_to_depth(x_NxHxWxI), k, conv)
 
 
 def minibatch_stddev(x_NxHxWxC, group_size=4, num_features=1):

@@ -1,10 +1,12 @@
 """Prediction arithmetic: the compile-only search under each card's cap, compiles shared."""
 
+import pytest
+
 from jaxbench import catalog, hints, predict, search
-from tests.test_search import (
-  FakeProgram,
-  _no_collection_after_a_failed_trial,  # noqa: F401  (autouse)
-)
+from tests.test_search import FakeProgram
+
+# FakeProgram holds no arrays (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures('no_collection_after_a_failed_trial')
 
 
 def test_compile_only_search_finds_the_cap_boundary_and_runs_nothing():

@@ -17,14 +17,8 @@ from jaxbench import program as prog
 from jaxbench import workload as wl
 from models import transformer
 
-
-@pytest.fixture(autouse=True)
-def _no_collection_after_a_failed_trial(request, monkeypatch):
-  """A failed trial ends in prog.release(), a gc.collect(): a second or so in a test worker
-  whose heap holds the compiled programs of earlier tests, and a FakeProgram holds no arrays.
-  Tests marked `releases` (the one that checks what a failed trial leaves) keep it."""
-  if 'releases' not in request.keywords:
-    monkeypatch.setattr(prog, 'release', lambda: None)
+# FakeProgram holds no arrays (tests/conftest.py; the tests marked `releases` keep the collection).
+pytestmark = pytest.mark.usefixtures('no_collection_after_a_failed_trial')
 
 
 class FakeProgram:
