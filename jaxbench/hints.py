@@ -51,12 +51,14 @@ def compiler_flags(xla_flags: str | None) -> str:
 
 # Config keys a workload gained after results were recorded, with the value those results ran
 # with: a record without the key is the same program as one with this value, so its forecasts
-# keep aiming new searches (models/depthwise.py: the choice came in session 13; sessions 1-12 ran
-# XLA's cuDNN grouped convolution).
+# keep aiming new searches. models/depthwise.py's choice came in session 13 (sessions 1-12 ran
+# XLA's cuDNN grouped convolution); stylegan's fused_impl and pix2pixhd's upsample in session 16
+# (earlier results ran XLA's transposed and strided convolutions).
 ADDED_CONFIG_KEYS = {
   'deeplabv3': {'depthwise': 'cudnn'},
   'nasnet_large': {'depthwise': 'cudnn'},
-  'stylegan': {'depthwise': 'cudnn'},
+  'pix2pixhd': {'upsample': 'transposed'},
+  'stylegan': {'depthwise': 'cudnn', 'fused_impl': 'dilated'},
 }
 
 

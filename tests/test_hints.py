@@ -1,8 +1,9 @@
 """Search hints: which earlier results may aim a search (the same program, compiler and device)."""
 
 import json
+import pathlib
 
-from jaxbench import hints, registry
+from jaxbench import hints, registry, store
 
 
 def _record(**changes):
@@ -221,3 +222,33 @@ def _as_trial(n, outcome, peak, when):
   return search.Trial(
     examples=n, batch=n, outcome=outcome, predicted_peak_bytes=peak, run_s=1.0, earlier=when
   )
+
+
+# Keys whose older results ran another program, not the key's first value: they stay unmatched.
+_CHANGED_WITH_THE_KEY = {
+  # session 4's runs were mask_rcnn before its NaN fix of session 5 (another initial state).
+  ('mask_rcnn', 'frozen_bn_images'),
+}
+
+
+def test_every_recorded_result_names_each_config_key():
+  """Each result in docs/results of its workload's current revision has, with the keys added
+  since it ran (ADDED_CONFIG_KEYS), every key of that workload's config: a key added without an
+  entry there would silently stop the older results from aiming searches (session 16 added
+  stylegan's fused_impl and pix2pixhd's upsample without one)."""
+  results = pathlib.Path(__file__).resolve().parent.parent / 'docs' / 'results'
+  checked = 0
+  for path in sorted(results.glob('*.jsonl')):
+    records, _ = store.read(str(path))
+    for r in records:
+      w = registry.get(r.get('workload')) if r.get('workload') in registry.names() else None
+      if w is None or r.get('tiny') or store.revision(r) != w.revision or not r.get('config'):
+        continue
+      missing = {
+        k
+        for k in set(w.config) - set(hints.config_of(r))
+        if (w.name, k) not in _CHANGED_WITH_THE_KEY
+      }
+      assert not missing, (path.name, r['workload'], sorted(missing))
+      checked += 1
+  assert checked > 100
