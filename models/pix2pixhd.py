@@ -313,10 +313,13 @@ PIX2PIXHD = wl.Workload(
     lr=2e-4,
     beta1=0.5,
     shapes=24,  # painted objects per synthetic label map
-    # How the generator upsamples (models/pix2pixhd_nets.UPSAMPLES): transposed convolutions
-    # ('transposed', the results so far) or 2x2 convolutions to the output phases ('phases':
-    # the same function; not yet run on a GPU).
-    upsample='transposed',
+    # How the generator upsamples (models/pix2pixhd_nets.UPSAMPLES): 2x2 convolutions to the
+    # four output phases ('phases', the default since session 17: the same function and
+    # parameters at 1.78 times those layers' multiply-adds) or transposed convolutions
+    # ('transposed', sessions 1-16's results), whose weight gradients reach cuDNN as forward
+    # convolutions with windows of half the image. In bf16 on the H200 the phased form ran 24
+    # images at 22.0 images/s (session 17); the transposed form has not run to a bf16 result.
+    upsample='phases',
   ),
   # Every stage kept but the fewest layers: XLA's CPU compile time grows with the
   # layer count (about 30 s of CPU for this step), not with the image size.

@@ -86,14 +86,19 @@ STYLEGAN_CONFIG = dict(
   lr=0.003,
   ema_kimg=10.0,
   dlatent_avg_beta=0.995,
-  # How the blur's depthwise filter is computed (models/stylegan_layers.blur): XLA's cuDNN
-  # grouped convolution ('cudnn', the results so far) or shifted sums in one XLA fusion
-  # ('shifts'; at 8 images in bf16 it steps 2.6% slower and forecasts 7% less memory, session 14).
-  depthwise='cudnn',
-  # How the fused resampling convolutions are computed (models/stylegan_layers.FUSED_IMPLS):
-  # XLA's transposed and stride-2 convolutions ('dilated', the results so far) or 2x2 stride-1
-  # convolutions over pixel phases ('phases': the same sums; not yet run on a GPU).
-  fused_impl='dilated',
+  # How the blur's depthwise filter is computed (models/stylegan_layers.blur): shifted sums in
+  # one XLA fusion ('shifts', the default since session 17) or XLA's cuDNN grouped convolution
+  # ('cudnn', sessions 1-16's results). At 8 images in bf16 shifts stepped 2.6% slower, forecast 7%
+  # less memory and compiled in 19.1 s against 74.0 s (session 14).
+  depthwise='shifts',
+  # How the fused resampling convolutions are computed (models/stylegan_layers.FUSED_IMPLS): 3x3
+  # convolutions over pixel phases ('phases', the default since session 17: the same sums at 2.25
+  # times those layers' multiply-adds) or XLA's transposed and stride-2 convolutions ('dilated',
+  # sessions 1-16's results). In bf16 on the H200 the phased form with the shifted blur ran 164
+  # images at 67.7 images/s; the dilated form's autotuned compile at its 168 did not end in 24
+  # minutes (its weight gradients reach cuDNN as forward convolutions with windows of half the
+  # image), and at autotune level 0 its first step did not end in some 390 s (sessions 16, 17).
+  fused_impl='phases',
 )
 # 8x8 keeps one block of each kind (XLA's CPU compile time grows with the layer count);
 # fused_min_res=8 runs the fused resampling convolutions the full size uses from 128 up.

@@ -89,6 +89,8 @@ def _summed_shifts(w_KxKxIxO):
 #   gradients are ordinary ones: upsampling computes the four output phases as 4*O channels and
 #   interleaves them (depth to space); downsampling folds each 2x2 block of pixels into 4*I
 #   channels first (space to depth). 20 of each 36 taps are zero: 2.25 times the multiply-adds.
+#   The workload's default since session 17: in bf16 on the H200 it autotuned at its 164-image
+#   maximum in 450 s, and at 8 images it stepped 3.4 times as fast as 'dilated'.
 FUSED_IMPLS = ('dilated', 'phases')
 
 # Nearest 2x upsampling then a 3x3 kernel (taps at offsets -1, 0, 1 on the upsampled grid), as

@@ -180,7 +180,10 @@ def test_phased_upsampling_is_the_transposed_convolution():
     np.testing.assert_allclose(gp1['params'][name], gp0['params'][name], rtol=1e-4, atol=1e-5)
 
 
-def test_phased_upsampling_keeps_the_parameter_count():
-  trainer = W.trainer(W.resolve(overrides={'upsample': 'phases'}), precision.get('fp32'))
+def test_transposed_upsampling_has_the_same_parameter_count():
+  """The default upsampling is the phased form; nn.ConvTranspose, pix2pixHD's own, has the
+  same parameters."""
+  assert W.config['upsample'] == 'phases'
+  trainer = W.trainer(W.resolve(overrides={'upsample': 'transposed'}), precision.get('fp32'))
   counts = wl.param_counts(trainer, jax.eval_shape(trainer.init, jax.random.key(0)))
   assert (counts['generator'], counts['discriminator']) == (REFERENCE_G, REFERENCE_D)

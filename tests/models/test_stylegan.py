@@ -155,8 +155,11 @@ def test_an_unknown_fused_impl_is_refused():
     sl.EqConv(3, resample='up', fused=True, fused_impl='fft').init(jax.random.key(0), x)
 
 
-def test_full_size_parameter_counts():
-  trainer = W.trainer(W.config, precision.get('fp32'))
+@pytest.mark.parametrize('fused_impl', sl.FUSED_IMPLS)
+def test_full_size_parameter_counts(fused_impl):
+  """The same counts in each form of the fused resampling (the default is the phased one)."""
+  cfg = W.resolve(overrides={'fused_impl': fused_impl})
+  trainer = W.trainer(cfg, precision.get('fp32'))
   counts = wl.param_counts(trainer, jax.eval_shape(trainer.init, jax.random.key(0)))
   assert abs(counts['generator'] - 26.2e6) < 0.01 * 26.2e6, counts  # the paper's Table
   # D_basic at 1024 with fmap_base 8192, counted layer by layer from networks_stylegan.py.
