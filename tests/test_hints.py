@@ -241,8 +241,10 @@ def test_every_recorded_result_names_each_config_key():
   for path in sorted(results.glob('*.jsonl')):
     records, _ = store.read(str(path))
     for r in records:
-      w = registry.get(r.get('workload')) if r.get('workload') in registry.names() else None
-      if w is None or r.get('tiny') or store.revision(r) != w.revision or not r.get('config'):
+      if r.get('workload') not in registry.names() or r.get('tiny') or not r.get('config'):
+        continue
+      w = registry.get(r['workload'])
+      if store.revision(r) != w.revision:
         continue
       missing = {
         k
