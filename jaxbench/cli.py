@@ -3,8 +3,9 @@
 import dataclasses
 import os
 
-from jaxbench import bench, precision, registry
-from jaxbench import workload as wl
+from jaxbench.core import bench
+from models import precision, registry
+from models import workload as wl
 
 
 class UsageError(Exception):

@@ -4,8 +4,8 @@ import json
 
 import jax
 
-from jaxbench import precision
-from jaxbench import workload as wl
+from models import precision
+from models import workload as wl
 
 
 def list_line(w: wl.Workload) -> str:

@@ -41,17 +41,18 @@ def main(argv: list[str]) -> int:
     _fail(str(e).splitlines()[0])
   if extra:
     _fail(f'unexpected arguments: {" ".join(extra)}')
-  from jaxbench import emulation  # pylint: disable=g-import-not-at-top
+  from jaxbench.cards import emulation  # pylint: disable=g-import-not-at-top
 
   try:
     req = emulation.request(FLAGS)
   except ValueError as e:
     _fail(str(e))
   if req.kind == emulation.SWEEP:  # each cell in a fresh process: this one starts no JAX
-    from jaxbench import sweep  # pylint: disable=g-import-not-at-top
+    from jaxbench.cards import sweep  # pylint: disable=g-import-not-at-top
 
     return sweep.main(FLAGS, list(req.gpus), _fail)
-  from jaxbench import backend, deviceless  # pylint: disable=g-import-not-at-top
+  from jaxbench.cards import deviceless  # pylint: disable=g-import-not-at-top
+  from jaxbench.core import backend
 
   if req.target is not None:
     deviceless.prepare()  # the host compiles on its CPU; the GPU is only described
@@ -73,7 +74,11 @@ def main(argv: list[str]) -> int:
     )
   except backend.BackendError as e:
     _fail(str(e))
-  from jaxbench import bench, cli, describe, runner  # pylint: disable=g-import-not-at-top
+  from jaxbench import cli, describe
+  from jaxbench.core import (
+    bench,
+    runner,  # pylint: disable=g-import-not-at-top
+  )
 
   try:
     plan = cli.plan(FLAGS)
@@ -105,6 +110,6 @@ if __name__ == '__main__':
     sys.exit(main(sys.argv))
   except KeyboardInterrupt:
     print('jaxbench: interrupted', file=sys.stderr)
-    from jaxbench import program  # pylint: disable=g-import-not-at-top
+    from jaxbench.core import program  # pylint: disable=g-import-not-at-top
 
     program.exit_now(130)  # a compile may still be running in its thread

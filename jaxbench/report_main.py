@@ -26,7 +26,12 @@ def _fail(message: str) -> None:
 
 def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[str]:
   """Render the store(s) into out_dir: report.md, one CSV per table, PNG charts; the paths."""
-  from jaxbench import published, render, store, tables  # pylint: disable=g-import-not-at-top
+  from jaxbench.results import (
+    published,
+    render,
+    store,
+    tables,  # pylint: disable=g-import-not-at-top
+  )
 
   if isinstance(store_paths, str):
     store_paths = [store_paths]
@@ -64,7 +69,7 @@ def main(argv: list[str]) -> int:
     extra = FLAGS(argv)[1:]
   except flags.Error as e:
     _fail(str(e).splitlines()[0])
-  from jaxbench import catalog  # pylint: disable=g-import-not-at-top
+  from jaxbench.cards import catalog  # pylint: disable=g-import-not-at-top
 
   store_paths = [p for p in (sweep_flags.STORE.value or '').split(',') if p]
   out_dir = report_flags.OUT.value

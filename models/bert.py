@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxbench import workload as wl
 from models import transformer
+from models import workload as wl
 
 LN_EPS = 1e-12  # BERT's LayerNorm epsilon
 PAD = 0

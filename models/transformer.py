@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxbench import workload as wl
+from models import workload as wl
 
 PAD = 0  # token id of padding; synthetic sentences never draw it
 

@@ -9,7 +9,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jaxbench import catalog, emulation, report  # noqa: E402
+from jaxbench.cards import catalog, emulation
+from jaxbench.results import records as report  # noqa: E402
 
 
 def main(argv):

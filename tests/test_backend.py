@@ -22,7 +22,7 @@ def _python(code, **env):
 
 def test_remat_is_disabled_unless_asked_and_triton_gemm_off_by_default():
   code = (
-    'import os; from jaxbench import backend; m = backend.configure({limit}, {remat}); '
+    'import os; from jaxbench.core import backend; m = backend.configure({limit}, {remat}); '
     'print(os.environ["XLA_FLAGS"]); print(m.describe())'
   )
   flags, described = _python(code.format(limit=None, remat=False)).splitlines()
@@ -37,7 +37,7 @@ def test_remat_is_disabled_unless_asked_and_triton_gemm_off_by_default():
 
 def test_autotune_level_is_xlas_unless_given():
   code = (
-    'import os; from jaxbench import backend; backend.configure(None, False, autotune_level={}); '
+    'import os; from jaxbench.core import backend; backend.configure(None, False, autotune_level={}); '
     'print(os.environ["XLA_FLAGS"])'
   )
   assert 'autotune' not in _python(code.format(None))
@@ -47,7 +47,7 @@ def test_autotune_level_is_xlas_unless_given():
 def test_autotune_log_is_given_to_xla_as_an_absolute_path(tmp_path):
   where = tmp_path / 'logs' / 'at.txt'
   code = (
-    'import os; from jaxbench import backend; '
+    'import os; from jaxbench.core import backend; '
     f'backend.configure(None, False, autotune_log={str(where)!r}); '
     'print(os.environ["XLA_FLAGS"])'
   )
@@ -57,7 +57,7 @@ def test_autotune_log_is_given_to_xla_as_an_absolute_path(tmp_path):
 
 def test_configure_refuses_once_the_backend_has_started():
   out = _python(
-    'import jax; jax.devices(); from jaxbench import backend\n'
+    'import jax; jax.devices(); from jaxbench.core import backend\n'
     'try:\n  backend.configure(None, False)\nexcept backend.BackendError as e:\n'
     '  print("refused:", e)'
   )
@@ -66,7 +66,7 @@ def test_configure_refuses_once_the_backend_has_started():
 
 def test_existing_xla_flags_are_kept():
   out = _python(
-    'import os; from jaxbench import backend; backend.configure(None, False); '
+    'import os; from jaxbench.core import backend; backend.configure(None, False); '
     'print(os.environ["XLA_FLAGS"])',
     XLA_FLAGS='--xla_dump_to=/tmp/x',
   )
@@ -76,7 +76,7 @@ def test_existing_xla_flags_are_kept():
 def test_importing_every_workload_leaves_the_backend_unstarted():
   """main configures XLA after parsing flags: no model module may start JAX on import."""
   out = _python(
-    'from jaxbench import registry; from jax._src import xla_bridge; '
+    'from models import registry; from jax._src import xla_bridge; '
     'print(len(registry.names()), xla_bridge.backends_are_initialized())'
   )
   assert out.split()[1] == 'False', out
@@ -85,7 +85,7 @@ def test_importing_every_workload_leaves_the_backend_unstarted():
 def test_autotune_cache_dir_is_made_and_given_to_xla(tmp_path):
   where = tmp_path / 'autotune'
   code = (
-    'import os, jax; from jaxbench import backend; '
+    'import os, jax; from jaxbench.core import backend; '
     f'backend.configure(None, False, autotune_cache_dir={str(where)!r}); '
     'jax.devices(); print(os.environ["XLA_FLAGS"])'  # XLA parses the flags as it starts
   )
@@ -97,7 +97,7 @@ def test_autotune_cache_dir_beside_a_compilation_cache_is_the_one_compiles_use(t
   """JAX points XLA's autotune cache into a persistent compilation cache, over XLA_FLAGS;
   --autotune_cache_dir must win, and without it the compilation cache keeps the results."""
   code = (
-    'import jax; from jaxbench import backend; '
+    'import jax; from jaxbench.core import backend; '
     'backend.configure(None, False, compilation_cache_dir={jcc!r}{atc}); '
     'jax.jit(lambda x: x * 2)(1.0); '
     'from jax._src import compiler; '
@@ -117,7 +117,7 @@ def test_autotune_cache_dir_beside_a_compilation_cache_is_the_one_compiles_use(t
 def test_without_a_gpu_jax_runs_on_the_cpu_without_trying_cuda():
   """The CUDA plugin of '.[cuda]' prints a traceback where there is no GPU: not asked for."""
   code = (
-    'import os; from jaxbench import backend; backend.configure(None, False); '
+    'import os; from jaxbench.core import backend; backend.configure(None, False); '
     'print(os.environ.get("JAX_PLATFORMS"))'
   )
   env = {k: v for k, v in os.environ.items() if k != 'JAX_PLATFORMS'}

@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from jaxbench import catalog, emulation, published
+from jaxbench.cards import catalog, emulation
+from jaxbench.results import published
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

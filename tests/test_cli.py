@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from jaxbench import registry
+from models import registry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

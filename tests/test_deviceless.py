@@ -8,8 +8,9 @@ import sys
 import jax
 import pytest
 
-from jaxbench import deviceless, emulation, precision, registry
-from jaxbench import program as prog
+from jaxbench.cards import deviceless, emulation
+from jaxbench.core import program as prog
+from models import precision, registry
 from tests import test_catalog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -100,7 +101,7 @@ def test_a_step_compiles_for_the_h200_without_one():
 
 
 def test_the_report_tells_deviceless_predictions_apart():
-  from jaxbench import tables  # pylint: disable=g-import-not-at-top
+  from jaxbench.results import tables  # pylint: disable=g-import-not-at-top
 
   on_gpu = {'mode': 'predict', 'precision': 'fp32', 'device': {'kind': 'NVIDIA H200'}}
   off_gpu = {**on_gpu, 'device': {'kind': 'NVIDIA H200', 'deviceless': True}}

@@ -3,7 +3,9 @@
 import json
 import pathlib
 
-from jaxbench import hints, registry, store
+from jaxbench.core import hints
+from jaxbench.results import store
+from models import registry
 
 
 def _record(**changes):
@@ -217,7 +219,7 @@ def test_forecasts_judged_against_a_run_fill_in_where_nothing_ran():
 
 
 def _as_trial(n, outcome, peak, when):
-  from jaxbench import search
+  from jaxbench.core import search
 
   return search.Trial(
     examples=n, batch=n, outcome=outcome, predicted_peak_bytes=peak, run_s=1.0, earlier=when

@@ -2,7 +2,8 @@
 
 import pytest
 
-from jaxbench import catalog, hints, predict, search
+from jaxbench.cards import catalog, predict
+from jaxbench.core import hints, search
 from tests.test_search import FakeProgram
 
 # FakeProgram holds no arrays (tests/conftest.py).

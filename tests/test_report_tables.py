@@ -6,7 +6,10 @@ import os
 import matplotlib.image
 import pytest
 
-from jaxbench import catalog, render, report, report_main, tables
+from jaxbench import report_main
+from jaxbench.cards import catalog
+from jaxbench.results import records as report
+from jaxbench.results import render, tables
 
 
 def _result(workload, gpu, max_batch, units_per_s=None, mode='run', status='ok', precision='fp32'):

@@ -12,10 +12,10 @@ import time
 import jax
 import pytest
 
-from jaxbench import bench, precision, registry, search
-from jaxbench import program as prog
-from jaxbench import workload as wl
-from models import transformer
+from jaxbench.core import bench, search
+from jaxbench.core import program as prog
+from models import precision, registry, transformer
+from models import workload as wl
 
 # FakeProgram holds no arrays (tests/conftest.py; the tests marked `releases` keep the collection).
 pytestmark = pytest.mark.usefixtures('no_collection_after_a_failed_trial')
@@ -251,7 +251,9 @@ def test_a_failed_trial_leaves_no_arrays_behind():
 
 def test_an_interrupt_during_timing_keeps_the_search_in_the_output(tmp_path, monkeypatch):
   """Ctrl-C (or a queue's SIGINT) after the search: one whole line, status 'interrupted'."""
-  from jaxbench import backend, cli, emulation, runner
+  from jaxbench import cli
+  from jaxbench.cards import emulation
+  from jaxbench.core import backend, runner
 
   def interrupted(*args, **kwargs):
     raise KeyboardInterrupt

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from jaxbench import report, store
+from jaxbench.results import records as report
+from jaxbench.results import store
 
 
 def _result(workload='bert_base', gpu='t4', status='ok', **kw):

@@ -15,7 +15,9 @@ import time
 
 import pytest
 
-from jaxbench import registry, store, sweep
+from jaxbench.cards import sweep
+from jaxbench.results import store
+from models import registry
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -183,7 +185,7 @@ def test_a_corrupt_trailing_line_is_reported_and_the_sweep_appends_whole_lines(t
 DRIVER = '''
 import sys
 sys.path[:0] = [{root!r}, {here!r}]
-from jaxbench import sweep
+from jaxbench.cards import sweep
 import test_sweep
 cells = test_sweep._cells(gpus=('rtx_2060', 't4', 'l4', 'a10'))
 sweep.run(cells, {path!r}, test_sweep.fake_command({path!r}), 60)

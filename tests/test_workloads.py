@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxbench import precision, registry
+from models import precision, registry
 
 LEARN_STEPS = 30
 

@@ -3,9 +3,8 @@
 import jax
 import numpy as np
 
-from jaxbench import precision
-from jaxbench import workload as wl
-from models import bert
+from models import bert, precision
+from models import workload as wl
 
 
 def _reference_qa_params(vocab=30522, h=768, layers=12, ffn=3072, positions=512, types=2):

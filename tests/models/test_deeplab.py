@@ -4,9 +4,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbench import precision
-from jaxbench import workload as wl
-from models import deeplab, depthwise, xception
+from models import precision
+from models import workload as wl
+from models.deeplab import deeplab, xception
+from models.layers import depthwise
 
 CFG = deeplab.DEEPLABV3.resolve()
 TINY = deeplab.DEEPLABV3.resolve(tiny=True)

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import depthwise as dw
-from models import stylegan_layers as sl
+from models.layers import depthwise as dw
+from models.stylegan import layers as sl
 
 # (height, kernel, stride, rate, padding): the shapes DeepLab (fixed padding, strided and
 # atrous) and NASNet (SAME, 3/5/7, strided) use, on odd and even sizes.

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from jax import ad_checkpoint
 
-from jaxbench import precision
-from jaxbench import workload as wl
-from models import fconv
+from models import precision
+from models import workload as wl
+from models.conv_seq2seq import fconv
 
 # fairseq fconv_wmt_en_de counted by hand from fairseq/models/fconv.py with the dictionaries
 # of the pretrained wmt14.en-de.fconv-py model (en 42243, de 43676 types). Every Linear and

@@ -5,11 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxbench import precision
-from jaxbench import workload as wl
-from models import detection_ops as ops
-from models import mask_rcnn as mr
-from models import mask_rcnn_data, resnet_fpn
+from models import precision
+from models import workload as wl
+from models.mask_rcnn import data as mask_rcnn_data
+from models.mask_rcnn import detection_ops as ops
+from models.mask_rcnn import mask_rcnn as mr
+from models.mask_rcnn import resnet_fpn
 
 TINY = mr.MASK_RCNN.resolve(tiny=True)
 

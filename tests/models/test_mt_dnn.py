@@ -6,9 +6,9 @@ import numpy as np
 import optax
 import pytest
 
-from jaxbench import precision
-from jaxbench import workload as wl
-from models import mt_dnn
+from models import precision
+from models import workload as wl
+from models.mt_dnn import mt_dnn
 
 
 def _reference_params(vocab=30522, h=1024, layers=24, ffn=4096, positions=512, types=2):

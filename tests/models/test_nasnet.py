@@ -7,10 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxbench import precision
-from jaxbench import workload as wl
-from models import nasnet
-from models import nasnet_cells as cells
+from models import precision
+from models import workload as wl
+from models.nasnet import cells, nasnet
 
 # Keras' NASNetLarge (slim's weights, 1000 classes): 88,753,150 trainable plus
 # 196,668 batch-norm moving statistics = 88,949,818. At 1001 classes the final

@@ -9,9 +9,10 @@ import numpy as np
 import optax
 import pytest
 
-from jaxbench import precision
-from jaxbench import workload as wl
-from models import pix2pixhd, pix2pixhd_nets, vgg
+from models import precision
+from models import workload as wl
+from models.pix2pixhd import nets as pix2pixhd_nets
+from models.pix2pixhd import pix2pixhd, vgg
 
 W = pix2pixhd.PIX2PIXHD
 TINY = W.resolve(tiny=True)

@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxbench import precision
-from jaxbench import workload as wl
-from models import stylegan
-from models import stylegan_layers as sl
+from models import precision
+from models import workload as wl
+from models.stylegan import layers as sl
+from models.stylegan import stylegan
 
 W = stylegan.STYLEGAN
 CFG = W.resolve(tiny=True)

@@ -5,10 +5,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxbench import precision
-from jaxbench import workload as wl
-from models import xlm
-from models import xlm_noise as noise
+from models import precision
+from models import workload as wl
+from models.unsupmt import noise, xlm
 
 W = xlm.UNSUPMT
 CFG = W.resolve(tiny=True)

@@ -6,9 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxbench import precision
-from jaxbench import workload as wl
-from models import yolo, yolo_targets
+from models import precision
+from models import workload as wl
+from models.yolo import targets as yolo_targets
+from models.yolo import yolo
 
 CFG = yolo.YOLOV3.resolve()
 GRIDS = (19, 38, 76)

@@ -1,0 +1,1 @@
+"""Which GPU: the card catalog, emulation, deviceless compiles, prediction and sweeps."""

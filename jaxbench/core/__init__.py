@@ -1,0 +1,1 @@
+"""The run core: plan -> search -> program -> timing -> result."""

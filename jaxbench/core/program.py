@@ -1,0 +1,245 @@
+"""A workload's train step compiled at one batch size, its memory forecast, and its run."""
+
+import copy
+import dataclasses
+import functools
+import gc
+import os
+import re
+import sys
+import threading
+import time
+from typing import Any
+
+import jax
+import numpy as np
+
+from models import precision
+from models import workload as wl
+
+# Messages that mean "the device ran out of memory". cuDNN and cuBLAS report a
+# failed workspace allocation under memory pressure in their own words, and XLA's
+# autotuner passes those on; they are out-of-memory too, not bugs.
+_OOM_PATTERNS = re.compile(
+  r'RESOURCE_EXHAUSTED|out of memory|OOM when allocating|Failed to allocate|'
+  r'CUDNN_STATUS_ALLOC_FAILED|CUBLAS_STATUS_ALLOC_FAILED|CUDA_ERROR_OUT_OF_MEMORY|'
+  r'cudaErrorMemoryAllocation|Allocator .* ran out of memory',
+  re.IGNORECASE,
+)
+
+
+# Persistent compilation cache hits so far (--compilation_cache_dir), from JAX's monitoring
+# events: a compile that took its executable from the cache is a load, not a compile.
+_CACHE_HIT_EVENT = '/jax/compilation_cache/cache_hits'
+_cache_hits = 0
+
+
+def _count_cache_hits(event: str, **kwargs: Any) -> None:
+  global _cache_hits
+  del kwargs
+  if event == _CACHE_HIT_EVENT:
+    _cache_hits += 1
+
+
+jax.monitoring.register_event_listener(_count_cache_hits)
+
+
+def is_oom(error: BaseException) -> bool:
+  """Whether an exception from compiling or running XLA code is an out-of-memory."""
+  return isinstance(error, MemoryError) or bool(_OOM_PATTERNS.search(str(error)))
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+  text = str(error).strip().splitlines()
+  return (f'{type(error).__name__}: {text[0] if text else ""}')[:limit]
+
+
+@dataclasses.dataclass
+class Compiled:
+  """The step compiled for `n` examples, with XLA's memory forecast."""
+
+  n: int
+  executable: Any
+  compile_s: float
+  peak_bytes: int  # predicted device peak: arguments + outputs + temporaries - aliased
+  temp_bytes: int
+  argument_bytes: int
+  cached: bool = False  # taken from the persistent compilation cache: compile_s was a load
+
+
+class Program:
+  """Compiles and runs one workload's step at any batch size (one config, one policy)."""
+
+  def __init__(
+    self,
+    workload: wl.Workload,
+    cfg: wl.Config,
+    policy: precision.Policy,
+    seed: int = 0,
+    target: Any = None,
+  ):
+    """`target`: a device to compile for without running (jaxbench.deviceless), or None."""
+    self.workload, self.cfg, self.policy = workload, cfg, policy
+    self.target = target
+    self.trainer = workload.trainer(cfg, policy)
+    self.rng = jax.random.key(seed)
+    self.state_shapes = jax.eval_shape(self.trainer.init, self.rng)
+    # The state is donated: the step updates parameters and optimizer state in
+    # place, so XLA may reuse their memory instead of holding two copies.
+    self._step = jax.jit(self.trainer.step, donate_argnums=(0,))
+    self._init = jax.jit(self.trainer.init)
+    self._batch = jax.jit(self.trainer.make_batch, static_argnums=(1,))
+    self._host_state = None  # workload.eager_init: the initial state in host memory
+    self.init_s: float | None = None  # the first initialization's seconds, compile included
+    # XLA options for this program's compiles only (DebugOptions fields, as XLA_FLAGS names them
+    # without the dashes); None: the process's XLA_FLAGS alone.
+    self.compiler_options: dict[str, Any] | None = None
+
+  def autotuned_at(self, level: int) -> 'Program':
+    """The same step, compiled with XLA's GEMM and convolution autotuning at `level` (0: off)
+    whatever XLA_FLAGS say: a program of its own (its compiles, its cache entries), sharing
+    this one's model and built state. For compile-only forecasts (search.find_max_batch_probing)."""
+    other = copy.copy(self)
+    other.compiler_options = {**(self.compiler_options or {}), 'xla_gpu_autotune_level': level}
+    return other
+
+  def param_counts(self) -> dict[str, int]:
+    return wl.param_counts(self.trainer, self.state_shapes)
+
+  def compile(self, n: int) -> Compiled:
+    """Lower and compile the step for n examples; raises on failure (OOM included)."""
+    batch_shapes = jax.eval_shape(functools.partial(self.trainer.make_batch, n=n), self.rng)
+    start, hits = time.perf_counter(), _cache_hits
+    executable = _interruptible(self._compile, batch_shapes)
+    compile_s = time.perf_counter() - start
+    mem = _interruptible(executable.memory_analysis)
+    peak = temp = args = 0
+    if mem is not None:
+      temp, args = int(mem.temp_size_in_bytes), int(mem.argument_size_in_bytes)
+      # XLA allocates the temporaries as one buffer beside the arguments; the sum
+      # is what must fit. (memory_analysis' own peak_memory_in_bytes came out
+      # below the temporaries alone on the H200, and that batch failed to run.)
+      peak = (
+        args
+        + int(mem.output_size_in_bytes)
+        + temp
+        - int(mem.alias_size_in_bytes)
+        + int(mem.generated_code_size_in_bytes)
+      )
+    return Compiled(
+      n=n,
+      executable=executable,
+      compile_s=compile_s,
+      peak_bytes=peak,
+      temp_bytes=temp,
+      argument_bytes=args,
+      cached=_cache_hits > hits,
+    )
+
+  def _compile(self, batch_shapes):
+    args = (self.state_shapes, batch_shapes, self.rng)
+    if self.target is not None:  # everything abstract, placed on the described device
+      from jaxbench.cards import deviceless  # pylint: disable=g-import-not-at-top
+
+      args = deviceless.abstract((*args[:2], jax.eval_shape(lambda: self.rng)), self.target)
+    with jax.default_matmul_precision(self.policy.matmul_precision):  # thread-local: set here
+      return self._step.lower(*args).compile(compiler_options=self.compiler_options)
+
+  def initial_state(self):
+    """A fresh initial training state on the device (the step donates it)."""
+    if not self.workload.eager_init:
+      start = time.perf_counter()
+      state = jax.block_until_ready(self._init(self.rng))
+      if self.init_s is None:
+        self.init_s = time.perf_counter() - start
+      return state
+    # Jitted, an initialization is one program with a kernel per parameter initializer,
+    # and nasnet_large's thousand took 225 s to compile on a 2-core CPU (its first trial
+    # on the H200: 335 s, mostly this). Op by op on the CPU, initializers of one shape
+    # share a compiled op: 54 s there (but 16 s against 7 s jitted for tiny BERT, so
+    # only where a workload asks). Built once; each trial copies it to the device.
+    if self._host_state is None:
+      cpu = jax.local_devices(backend='cpu')[0]
+      start = time.perf_counter()
+      with jax.default_device(cpu):
+        state = self.trainer.init(jax.device_put(self.rng, cpu))
+      self._host_state = jax.block_until_ready(state)
+      self.init_s = time.perf_counter() - start
+    return jax.device_put(self._host_state, jax.devices()[0], may_alias=False)
+
+  def materialize(self, n: int):
+    """A fresh state and a batch of n examples (built by a jitted function) on the device."""
+    state = self.initial_state()
+    batch = self._batch(jax.random.fold_in(self.rng, 1), n)
+    return state, batch
+
+  def run(self, compiled: Compiled, steps: int) -> float:
+    """Run `steps` steps from a fresh state; returns the last loss. Frees everything after."""
+    return _interruptible(self._run, compiled, steps)
+
+  def _run(self, compiled: Compiled, steps: int) -> float:
+    state = batch = metrics = None
+    try:
+      state, batch = self.materialize(compiled.n)
+      for _ in range(steps):
+        state, metrics = compiled.executable(state, batch, self.rng)
+      return float(np.asarray(metrics['loss']))
+    except Exception:
+      # A failure's traceback holds the trial's arrays in reference cycles.
+      del state, batch, metrics
+      release()
+      raise
+
+
+_JOIN_SLICE_S = 0.5
+
+
+def _interruptible(fn, *args):
+  """fn(*args) in a worker thread, so that SIGINT during a long XLA call is seen at once.
+
+  Python runs signal handlers only in the main thread between bytecodes, and a GPU compile
+  with convolution autotuning can stay inside XLA for minutes (a trial's first steps, with
+  the state's initialization, for tens of seconds): on the main thread, an interrupted search
+  could not write its result before the SIGKILL that follows. Here the main thread waits,
+  KeyboardInterrupt reaches it, and the abandoned call's thread is a daemon that cannot hold
+  the process open (see exit_now).
+  """
+  box: dict[str, Any] = {}
+
+  def work():
+    try:
+      box['value'] = fn(*args)
+    except BaseException as e:  # pylint: disable=broad-except
+      box['error'] = e
+
+  thread = threading.Thread(target=work, name='xla-call', daemon=True)
+  thread.start()
+  # SIGINT raises KeyboardInterrupt here. Joined in slices, not at once: a process-wide signal
+  # that the kernel hands to another thread (it does when the main thread has one pending,
+  # e.g. the SIGUSR1 of a stack dump just before) does not wake a blocked join, but the next
+  # slice's return runs the Python handler on this thread.
+  while thread.is_alive():
+    thread.join(_JOIN_SLICE_S)
+  if 'error' in box:
+    raise box['error']
+  return box['value']
+
+
+def exit_now(status: int) -> None:
+  """Exit without waiting for an abandoned compile or step (teardown under it can crash)."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)  # pylint: disable=protected-access
+
+
+def release() -> None:
+  """Drop what a finished or failed trial left on the device."""
+  gc.collect()
+
+
+def device_memory() -> dict[str, int] | None:
+  """The allocator's statistics for device 0 (None on backends without them, e.g. CPU)."""
+  stats = _interruptible(jax.devices()[0].memory_stats)  # takes the allocator's lock
+  if not stats:
+    return None
+  return {k: int(v) for k, v in stats.items() if isinstance(v, (int, float))}

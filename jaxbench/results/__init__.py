@@ -1,0 +1,1 @@
+"""Results: records, the store, and the report's tables and charts."""

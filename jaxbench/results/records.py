@@ -1,0 +1,162 @@
+"""Results as a short table for people and as JSON Lines for programs."""
+
+import json
+import os
+from typing import Any, Iterable
+
+from jaxbench.results import store
+
+COLUMNS = (
+  'workload',
+  'precision',
+  'device',
+  'max batch',
+  'steps/s',
+  'throughput',
+  'step ms (spread)',
+  'peak memory',
+  'compile s',
+  'TFLOP/s',
+  'status',
+)
+
+
+def _fmt(value, spec, missing='-'):
+  return missing if value is None else format(value, spec)
+
+
+def autotune_level(result: dict[str, Any]) -> int | None:
+  """The --xla_gpu_autotune_level a result's XLA_FLAGS set (--autotune_level), or None: XLA's
+  default (4). A run at another level times other convolution algorithms than the default's."""
+  level = None
+  for flag in (result.get('xla_flags') or '').split():
+    if flag.startswith('--xla_gpu_autotune_level='):
+      level = int(flag.split('=', 1)[1])
+  return level
+
+
+def human_bytes(n: int | None) -> str:
+  if n is None:
+    return '-'
+  return f'{n / 1e9:.2f} GB' if n >= 1e8 else f'{n / 1e6:.2f} MB'
+
+
+def row(result: dict[str, Any]) -> tuple[str, ...]:
+  m = result.get('measurement') or {}
+  dev = result['device']
+  device = dev['kind'] if dev['platform'] == 'gpu' else f"{dev['platform'].upper()} ({dev['kind']})"
+  batch = f"{result.get('max_batch', 0)} {result['unit']}"
+  if result['search']['mode'] == 'fixed':
+    batch += ' (fixed)'
+  units = m.get('units_per_s')
+  throughput = '-' if units is None else f"{units:,.1f} {result['throughput_unit']}"
+  step = m.get('median_step_s')
+  step_txt = '-' if step is None else f"{1e3 * step:.2f} (±{m['spread_pct'] / 2:.1f}%)"
+  peak = m.get('predicted_peak_bytes')
+  status = result['status'] if not result.get('error') else f"{result['status']}: {result['error']}"
+  return (
+    result['workload'],
+    result['precision'],
+    device,
+    batch,
+    _fmt(m.get('steps_per_s'), '.3f'),
+    throughput,
+    step_txt,
+    human_bytes(peak),
+    _fmt(m.get('compile_s'), '.1f'),
+    _fmt(m.get('tflops_per_s'), '.1f'),
+    status[:80],
+  )
+
+
+def table(results: Iterable[dict[str, Any]]) -> str:
+  rows = [COLUMNS] + [row(r) for r in results]
+  widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+  lines = ['  '.join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+  lines.insert(1, '  '.join('-' * w for w in widths))
+  return '\n'.join(lines)
+
+
+def append_jsonl(path: str, result: dict[str, Any]) -> None:
+  """Append one result as one line, in a single write, flushed to disk.
+
+  One os.write of a whole line on a file opened with O_APPEND lands whole or
+  not at all, so a reader never sees half a result, even if we are killed.
+  """
+  line = (json.dumps(result, sort_keys=True, default=str) + '\n').encode()
+  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  try:
+    written = os.write(fd, line)
+    if written != len(line):
+      raise OSError(f'short write to {path}: {written} of {len(line)} bytes')
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def replace_json(path: str, record: dict[str, Any]) -> None:
+  """Write one record as the whole of `path`, replacing what was there in one rename, so the
+  file holds the old record or the new one, never part of either, even if we are killed."""
+  tmp = f'{path}.tmp{os.getpid()}'
+  with open(tmp, 'w') as f:
+    f.write(json.dumps(record, sort_keys=True, default=str) + '\n')
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+  """The record replace_json wrote to `path`, or None if there is none."""
+  try:
+    with open(path) as f:
+      return json.loads(f.read())
+  except (FileNotFoundError, json.JSONDecodeError):
+    return None
+
+
+def discard(path: str | None) -> None:
+  """Remove `path` if it exists."""
+  if path:
+    try:
+      os.remove(path)
+    except FileNotFoundError:
+      pass
+
+
+def notes(results: Iterable[dict[str, Any]]) -> str:
+  """Plain-language notes under the table: where it ran and how memory was bounded."""
+  out = []
+  for r in results:
+    dev, mem = r['device'], r['memory']
+    if dev['platform'] != 'gpu':
+      out.append(
+        f"{r['workload']}: ran on the {dev['platform'].upper()}, not a GPU"
+        f"{' (tiny preset)' if r['tiny'] else ''}; figures are not comparable with GPU runs."
+      )
+    limit = mem['limit_bytes']
+    budget = mem['budget_bytes']
+    if not limit:
+      memory = 'full device'
+    else:
+      memory = f'limit {limit / 1e9:.1f} GB' if limit >= 1e8 else f'limit {human_bytes(limit)}'
+    out.append(
+      f"{r['workload']}: memory {memory}"
+      f", budget {human_bytes(budget)}"
+      f" enforced by {mem['enforced_by']}; XLA rematerialization {'on' if mem['remat'] else 'off'}"
+      + ('' if autotune_level(r) is None else f'; XLA autotuning at level {autotune_level(r)}')
+      + f"; {'max-batch search' if r['search']['mode'] == 'search' else 'fixed batch'},"
+      f" {len(r['search']['trials'])} trials"
+      + ('' if r['search'].get('seconds') is None else f", {r['search']['seconds']:.1f} s")
+      + ('' if r.get('init_s') is None else f" (initial state built in {r['init_s']:.1f} s)")
+      + '.'
+    )
+    if store.lower_bound(r):
+      out.append(
+        f"{r['workload']}: every batch up to --max_examples fitted; {r['max_batch']} {r['unit']}"
+        ' is a lower bound, not the max.'
+      )
+    if r['status'] == 'interrupted':
+      out.append(
+        f"{r['workload']}: {r['error']}; the largest batch that ran: {r['max_batch']} {r['unit']}."
+      )
+  return '\n'.join(out)

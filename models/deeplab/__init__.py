@@ -1,0 +1,1 @@
+"""deeplabv3: DeepLabv3+ with aligned Xception-65."""

@@ -1,0 +1,1 @@
+"""Layers shared by several model families."""

@@ -1,0 +1,1 @@
+"""mask_rcnn: Mask R-CNN with a ResNet-101-FPN backbone, static shapes."""

@@ -1,0 +1,362 @@
+"""Mask R-CNN (He et al. 2017) with a ResNet-101-FPN body, as maskrcnn-benchmark's
+e2e_mask_rcnn_R_101_FPN_1x, with every shape static so the whole step is one program.
+
+Static-shape choices: ground truth padded to `max_instances`; top `pre_nms_top_n` proposals per
+level, NMS per level as a padded fixed point, then the top `post_nms_top_n` per image; the
+sampled RoIs and anchors have fixed counts with a validity flag per slot; the mask head runs on
+the roi_batch * fraction positive slots (invalid ones weigh zero).
+"""
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from models import workload as wl
+from models.layers import rbg_init
+from models.mask_rcnn import data as mask_rcnn_data
+from models.mask_rcnn import detection_ops as ops
+from models.mask_rcnn import resnet_fpn
+from models.mask_rcnn.targets import loss, propose, roi_targets, rpn_targets
+
+normal = lambda std: rbg_init.rbg(nn.initializers.normal(std))
+fc_init = rbg_init.rbg(nn.initializers.variance_scaling(1.0, 'fan_in', 'uniform'))  # a=1
+mask_init = rbg_init.rbg(nn.initializers.variance_scaling(2.0, 'fan_out', 'normal'))
+
+
+def strides(cfg):
+  return tuple(2 ** (i + 2) for i in range(len(cfg['anchor_sizes'])))  # P2..P6: 4..64
+
+
+class RPNHead(nn.Module):
+  """Shared 3x3 conv, then per-anchor objectness and box deltas on every level."""
+
+  anchors: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, features):
+    c = features[0].shape[-1]
+    conv = nn.Conv(c, (3, 3), padding=1, kernel_init=normal(0.01), dtype=self.dtype, name='conv')
+    cls = nn.Conv(
+      self.anchors, (1, 1), kernel_init=normal(0.01), dtype=self.dtype, name='cls_logits'
+    )
+    box = nn.Conv(
+      4 * self.anchors, (1, 1), kernel_init=normal(0.01), dtype=self.dtype, name='bbox_pred'
+    )
+    outputs = []
+    for f in features:
+      t = nn.relu(conv(f))
+      b = f.shape[0]
+      outputs.append((cls(t).reshape(b, -1), box(t).reshape(b, -1, 4)))
+    return outputs
+
+
+class BoxHead(nn.Module):
+  """FPN2MLPFeatureExtractor (fc6, fc7) and FPNPredictor (class logits, per-class deltas)."""
+
+  mlp_dim: int
+  num_classes: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, pooled_BxRxPxPxC):
+    dense = functools.partial(nn.Dense, dtype=self.dtype)
+    x = pooled_BxRxPxPxC.reshape(*pooled_BxRxPxPxC.shape[:2], -1)
+    x = nn.relu(dense(self.mlp_dim, kernel_init=fc_init, name='fc6')(x))
+    x = nn.relu(dense(self.mlp_dim, kernel_init=fc_init, name='fc7')(x))
+    logits = dense(self.num_classes, kernel_init=normal(0.01), name='cls_score')(x)
+    deltas = dense(4 * self.num_classes, kernel_init=normal(0.001), name='bbox_pred')(x)
+    return logits, deltas.reshape(*deltas.shape[:2], self.num_classes, 4)
+
+
+class MaskHead(nn.Module):
+  """MaskRCNNFPNFeatureExtractor (3x3 convs) and MaskRCNNC4Predictor (2x deconv, 1x1 logits)."""
+
+  channels: int
+  convs: int
+  num_classes: int
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x_NxPxPxC):
+    x = x_NxPxPxC
+    for i in range(self.convs):
+      x = nn.relu(
+        nn.Conv(
+          self.channels,
+          (3, 3),
+          padding=1,
+          kernel_init=mask_init,
+          dtype=self.dtype,
+          name=f'mask_fcn{i + 1}',
+        )(x)
+      )
+    x = nn.relu(
+      nn.ConvTranspose(
+        self.channels,
+        (2, 2),
+        (2, 2),
+        padding='VALID',
+        kernel_init=mask_init,
+        dtype=self.dtype,
+        name='conv5_mask',
+      )(x)
+    )
+    return nn.Conv(
+      self.num_classes, (1, 1), kernel_init=mask_init, dtype=self.dtype, name='mask_fcn_logits'
+    )(x)
+
+
+class MaskRCNN(nn.Module):
+  """Mask R-CNN training forward: returns the sampled predictions and their targets."""
+
+  cfg: Any
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, batch, train):
+    del train  # frozen batch norm and no dropout: training and evaluation compute alike
+    cfg = self.cfg
+    if self.is_initializing():
+      # The frozen batch norms take their statistics from the images `init` runs on. One
+      # image (the harness's init batch) misjudges the others' contrast (image RMS 29 to 64
+      # with 1 to 15 instances), which compounds through 33 blocks: 3-5x too large FPN
+      # features on the training batch. A sample of images sets population statistics.
+      batch = mask_rcnn_data.make_batch(cfg, self.make_rng('dropout'), cfg['frozen_bn_images'])
+    features = resnet_fpn.ResNetFPN(
+      tuple(cfg['blocks']), cfg['width'], cfg['fpn_channels'], self.dtype, name='backbone'
+    )(batch['images'].astype(self.dtype))
+    ratios = tuple(cfg['anchor_ratios'])
+    levels = RPNHead(len(ratios), self.dtype, name='rpn')(features)
+    anchors = [
+      ops.grid_anchors(s, size, ratios, f.shape[1], f.shape[2])
+      for s, size, f in zip(strides(cfg), cfg['anchor_sizes'], features)
+    ]
+    b, num_anchors = features[0].shape[0], sum(a.shape[0] for a in anchors)
+    gt_boxes, gt_valid = batch['gt_boxes'], batch['gt_valid']
+    # The samplers' randomness: one draw (each jax.random call compiles its own hash).
+    priority = jax.random.uniform(
+      rbg_init.rbg_key(self.make_rng('dropout')),
+      (b, num_anchors + cfg['post_nms_top_n'] + gt_valid.shape[1]),
+    )
+
+    rpn_idx, rpn_pos, rpn_valid, rpn_box_targets = jax.vmap(
+      functools.partial(rpn_targets, cfg, jnp.concatenate(anchors))
+    )(priority[:, :num_anchors], gt_boxes, gt_valid)
+    logits_BxN = jnp.concatenate([logits for logits, _ in levels], axis=1)
+    deltas_BxNx4 = jnp.concatenate([d for _, d in levels], axis=1)
+
+    # Proposals carry no gradient, as in the reference (they are detached).
+    per_image = jax.tree.map(jax.lax.stop_gradient, levels)
+    if self.is_initializing():
+      # The heads' shapes do not depend on which RoIs: skip NMS and sampling in `init`.
+      proposals = jnp.zeros((b, cfg['post_nms_top_n'], 4), jnp.float32)
+      proposals_valid = jnp.ones((b, cfg['post_nms_top_n']), bool)
+    else:
+      proposals, proposals_valid = jax.vmap(lambda o: propose(cfg, o, anchors))(per_image)
+    t = jax.vmap(functools.partial(roi_targets, cfg))(
+      priority[:, num_anchors:],
+      proposals,
+      proposals_valid,
+      gt_boxes,
+      batch['gt_classes'],
+      batch['gt_masks'],
+      gt_valid,
+    )
+
+    pooled_levels = features[:-1]  # RoIs pool from P2-P5; P6 serves the RPN only
+    pool = functools.partial(
+      ops.multilevel_roi_align, strides=strides(cfg)[:-1], sampling_ratio=cfg['sampling_ratio']
+    )
+    level = functools.partial(
+      ops.roi_levels, num_levels=len(pooled_levels), canonical_scale=cfg['canonical_scale']
+    )
+    rois = t['rois']
+    box_features = jax.vmap(lambda f, r: pool(f, r, level(r), output_size=cfg['box_pool']))(
+      pooled_levels, rois
+    )
+    cls_logits, box_deltas = BoxHead(
+      cfg['mlp_dim'], cfg['num_classes'], self.dtype, name='box_head'
+    )(box_features)
+    box_deltas = jnp.take_along_axis(box_deltas, t['classes'][..., None, None], axis=2)[:, :, 0]
+
+    m = t['mask_targets'].shape[1]
+    mask_features = jax.vmap(lambda f, r: pool(f, r, level(r), output_size=cfg['mask_pool']))(
+      pooled_levels, rois[:, :m]
+    )
+    mask_logits = MaskHead(
+      cfg['mask_channels'], cfg['mask_convs'], cfg['num_classes'], self.dtype, name='mask_head'
+    )(mask_features.reshape(b * m, *mask_features.shape[2:]))
+    mask_logits = mask_logits.reshape(b, m, *mask_logits.shape[1:])
+    mask_logits = jnp.take_along_axis(mask_logits, t['classes'][:, :m, None, None, None], axis=-1)[
+      ..., 0
+    ]
+    return {
+      'rpn_logits': jnp.take_along_axis(logits_BxN, rpn_idx, axis=1),
+      'rpn_deltas': jnp.take_along_axis(deltas_BxNx4, rpn_idx[..., None], axis=1),
+      'rpn_positive': rpn_pos,
+      'rpn_valid': rpn_valid,
+      'rpn_box_targets': rpn_box_targets,
+      'cls_logits': cls_logits,
+      'box_deltas': box_deltas,
+      'mask_logits': mask_logits,
+      **t,
+    }
+
+
+def _param_label(path, _):
+  names = [getattr(p, 'key', str(p)) for p in path]
+  if names[0] == 'backbone' and (
+    names[1] in resnet_fpn.FROZEN_STAGES or names[1].split('_')[0] in resnet_fpn.FROZEN_STAGES
+  ):
+    return 'frozen'
+  return 'bias' if names[-1] == 'bias' else 'weight'
+
+
+def optimizer(cfg):
+  """SGD momentum 0.9 with WarmupMultiStepLR; biases at 2x lr without decay; frozen stages fixed."""
+
+  def schedule(step):
+    alpha = jnp.minimum(step / max(cfg['warmup'], 1), 1.0)
+    warm = cfg['warmup_factor'] * (1 - alpha) + alpha
+    decays = sum((step >= s).astype(jnp.float32) for s in cfg['lr_steps'])
+    return cfg['lr'] * warm * 0.1**decays
+
+  momentum = cfg['momentum']
+  return optax.multi_transform(
+    {
+      'weight': optax.chain(
+        optax.add_decayed_weights(cfg['weight_decay']), optax.sgd(schedule, momentum)
+      ),
+      'bias': optax.sgd(lambda s: cfg['bias_lr_factor'] * schedule(s), momentum),
+      'frozen': optax.set_to_zero(),
+    },
+    lambda params: jax.tree_util.tree_map_with_path(_param_label, params),
+  )
+
+
+def flops_per_example(cfg):
+  """Training FLOPs of one image: 3x forward for trained layers, 1x for the frozen stem, res2.
+
+  Convolutions and dense layers only; RoIAlign, NMS, IoU and the losses are negligible.
+  """
+  conv = lambda k, cin, cout, h, w: 2.0 * k * k * cin * cout * h * w
+  half = lambda n: (n + 1) // 2
+  h, w = half(cfg['image_size'][0]), half(cfg['image_size'][1])
+  frozen = conv(7, 3, cfg['width'], h, w)
+  h, w = half(h), half(w)
+  trained, cin, sizes, channels = 0.0, cfg['width'], [], []
+  for i, n in enumerate(cfg['blocks']):
+    width, stage = cfg['width'] * 2**i, 0.0
+    for j in range(n):
+      if i > 0 and j == 0:
+        h, w = half(h), half(w)
+      stage += conv(1, cin, width, h, w) + conv(3, width, width, h, w)
+      stage += conv(1, width, 4 * width, h, w) + (conv(1, cin, 4 * width, h, w) if j == 0 else 0)
+      cin = 4 * width
+    frozen, trained = (frozen + stage, trained) if i == 0 else (frozen, trained + stage)
+    sizes.append((h, w))
+    channels.append(cin)
+  c = cfg['fpn_channels']
+  sizes.append((half(sizes[-1][0]), half(sizes[-1][1])))  # P6
+  for (h_l, w_l), cl in zip(sizes, channels):
+    trained += conv(1, cl, c, h_l, w_l) + conv(3, c, c, h_l, w_l)
+  a = len(cfg['anchor_ratios'])
+  trained += sum(conv(3, c, c, hl, wl) + conv(1, c, 5 * a, hl, wl) for hl, wl in sizes)
+  d, k = cfg['mlp_dim'], cfg['num_classes']
+  trained += cfg['roi_batch'] * 2.0 * (c * cfg['box_pool'] ** 2 * d + d * d + d * 5 * k)
+  p, mc = cfg['mask_pool'], cfg['mask_channels']
+  per_mask = (
+    conv(3, c, mc, p, p)
+    + (cfg['mask_convs'] - 1) * conv(3, mc, mc, p, p)
+    + conv(2, mc, mc, p, p)
+    + conv(1, mc, k, 2 * p, 2 * p)
+  )
+  trained += int(cfg['roi_batch'] * cfg['roi_positive_fraction']) * per_mask
+  return frozen + 3.0 * trained
+
+
+MASK_RCNN_CONFIG = dict(
+  # Data: COCO's 800x1333 resize, padded to a size divisible by 32.
+  image_size=(800, 1344),
+  content_size=(800, 1333),
+  num_classes=81,
+  max_instances=100,
+  max_real_instances=15,
+  box_size_range=(16.0, 640.0),
+  gt_mask_size=56,
+  # Body: ResNet-101 (blocks per stage), FPN.
+  blocks=(3, 4, 23, 3),
+  width=64,
+  fpn_channels=256,
+  # RPN on P2-P6: one anchor size per level, three aspect ratios.
+  anchor_sizes=(32, 64, 128, 256, 512),
+  anchor_ratios=(0.5, 1.0, 2.0),
+  pre_nms_top_n=2000,
+  post_nms_top_n=1000,
+  rpn_nms_threshold=0.7,
+  rpn_batch=256,
+  rpn_positive_fraction=0.5,
+  rpn_fg_iou=0.7,
+  rpn_bg_iou=0.3,
+  # RoI heads.
+  roi_batch=512,
+  roi_positive_fraction=0.25,
+  roi_fg_iou=0.5,
+  canonical_scale=224,
+  box_pool=7,
+  mask_pool=14,
+  sampling_ratio=2,
+  mlp_dim=1024,
+  mask_channels=256,
+  mask_convs=4,
+  # Images whose activations set the frozen batch norms' statistics at initialization.
+  frozen_bn_images=8,
+  # SOLVER of the 1x schedule (the 2020 runs set lr 0; we keep it real).
+  lr=0.02,
+  momentum=0.9,
+  weight_decay=1e-4,
+  bias_lr_factor=2.0,
+  warmup=500,
+  warmup_factor=1.0 / 3,
+  lr_steps=(60000, 80000),
+)
+MASK_RCNN_TINY = dict(
+  image_size=(64, 64),
+  content_size=(64, 60),
+  max_instances=6,
+  max_real_instances=3,
+  box_size_range=(10.0, 40.0),
+  gt_mask_size=16,
+  blocks=(1, 1, 1, 1),
+  width=4,
+  fpn_channels=16,
+  anchor_sizes=(8, 16, 32, 64, 128),
+  pre_nms_top_n=64,
+  post_nms_top_n=32,
+  rpn_batch=32,
+  roi_batch=32,
+  canonical_scale=32,
+  mlp_dim=32,
+  mask_channels=16,
+  lr=0.005,
+  warmup=1,
+)
+
+MASK_RCNN = wl.Workload(
+  name='mask_rcnn',
+  description='Mask R-CNN R-101-FPN (maskrcnn-benchmark e2e_mask_rcnn_R_101_FPN_1x), 800x1333',
+  unit='images',
+  throughput_unit='images/s',
+  config=MASK_RCNN_CONFIG,
+  tiny=MASK_RCNN_TINY,
+  trainer=wl.supervised(
+    lambda cfg, dtype: MaskRCNN(cfg, dtype), mask_rcnn_data.make_batch, loss, optimizer
+  ),
+  flops_per_example=flops_per_example,
+  family='image',
+)

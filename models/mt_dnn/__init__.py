@@ -1,0 +1,1 @@
+"""mt_dnn: MT-DNN, BERT-large with eight GLUE heads."""

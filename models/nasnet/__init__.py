@@ -1,0 +1,1 @@
+"""nasnet_large: NASNet-A Large."""

@@ -1,0 +1,1 @@
+"""pix2pixhd: the local-enhancer generator and three multiscale discriminators."""

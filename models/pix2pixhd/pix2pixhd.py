@@ -1,0 +1,346 @@
+"""Pix2PixHD (Wang et al. 2018) at 2048x1024: one step updates the generator and discriminators.
+
+The training iteration of NVIDIA/pix2pixHD (train.py, pix2pixHD_model.py, pool_size 0):
+the generator's loss is LSGAN + discriminator feature matching + VGG19 perceptual loss
+(both weighted 10); the discriminators' loss is LSGAN on real and (detached) fake
+pairs, halved. Both gradients are taken at the same parameters, then Adam steps each
+network, as the reference's two optimizers do.
+"""
+
+from typing import Any, NamedTuple
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from models import workload as wl
+from models.pix2pixhd import nets as nets_lib
+from models.pix2pixhd import vgg
+
+NETWORKS = ('generator', 'discriminator')
+
+
+class Nets(NamedTuple):
+  generator: nn.Module
+  discriminator: nn.Module
+  vgg: nn.Module
+
+
+def build(cfg, dtype=jnp.float32) -> Nets:
+  generator, discriminator = nets_lib.build(cfg, dtype)
+  return Nets(generator, discriminator, vgg.VGG19Features(cfg['vgg_base'], dtype))
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def _scene(cfg, rng):
+  """One street-like label map, its instance ids and a matching image.
+
+  A horizon splits two stuff classes; then `shapes` rectangles and ellipses of
+  random classes are painted over it, each its own instance (id class*1000 + k,
+  as Cityscapes numbers things). The image colours each class from a fixed
+  palette, with vertical shading and noise, so that labels predict pixels.
+  """
+  h, w, n_cls, n_shapes = cfg['height'], cfg['width'], cfg['label_nc'], cfg['shapes']
+  # Two draws in all: every random draw costs XLA a separate (slow, on CPU) compile.
+  shape_rng, noise_rng = jax.random.split(rng)
+  u = jax.random.uniform(shape_rng, (3 + 6 * n_shapes,))
+  ys = (jnp.arange(h, dtype=jnp.float32)[:, None] + 0.5) / h
+  xs = (jnp.arange(w, dtype=jnp.float32)[None, :] + 0.5) / w
+  horizon = 0.35 + 0.3 * u[0]
+  top, bottom = (u[1:3] * n_cls).astype(jnp.int32)
+  label = jnp.where(ys < horizon, top, bottom) * jnp.ones((1, w), jnp.int32)
+  instance = label
+  per_shape = u[3:].reshape(6, n_shapes)
+  centres = per_shape[0:2].T
+  radii = 0.02 + 0.18 * per_shape[2:4].T
+  classes = (per_shape[4] * n_cls).astype(jnp.int32)
+  ellipse = per_shape[5] < 0.5
+
+  def paint(k, maps):
+    label, instance = maps
+    dy = (ys - centres[k, 0]) / radii[k, 0]
+    dx = (xs - centres[k, 1]) / radii[k, 1]
+    inside = jnp.where(
+      ellipse[k], dy**2 + dx**2 <= 1.0, (jnp.abs(dy) <= 1.0) & (jnp.abs(dx) <= 1.0)
+    )
+    return (
+      jnp.where(inside, classes[k], label),
+      jnp.where(inside, classes[k] * 1000 + k + 1, instance),
+    )
+
+  label, instance = jax.lax.fori_loop(0, n_shapes, paint, (label, instance))
+  # A fixed colour per class, by formula: a literal random key would be constant-folded.
+  palette = 0.8 * jnp.sin(
+    jnp.arange(n_cls, dtype=jnp.float32)[:, None] * jnp.array([1.0, 2.39, 3.77]) + 1.0
+  )
+  image = palette[label] + 0.2 * (ys[..., None] - 0.5)
+  image = image + 0.05 * jax.random.normal(noise_rng, (h, w, 3))
+  return label, instance, jnp.clip(image, -1.0, 1.0)
+
+
+def make_batch(cfg, rng, n):
+  """n label maps (int32 class ids), instance ids and real images in [-1, 1], NHWC."""
+  label, instance, image = jax.vmap(lambda r: _scene(cfg, r))(jax.random.split(rng, n))
+  return {'label': label, 'instance': instance, 'image': image}
+
+
+def instance_edges(instance_BxHxW):
+  """pix2pixHD's get_edges: a pixel is an edge if a 4-neighbour has another instance id."""
+  dx = instance_BxHxW[:, :, 1:] != instance_BxHxW[:, :, :-1]
+  dy = instance_BxHxW[:, 1:, :] != instance_BxHxW[:, :-1, :]
+  pad = lambda d, widths: jnp.pad(d, ((0, 0),) + widths)
+  return (
+    pad(dx, ((0, 0), (1, 0)))
+    | pad(dx, ((0, 0), (0, 1)))
+    | pad(dy, ((1, 0), (0, 0)))
+    | pad(dy, ((0, 1), (0, 0)))
+  )
+
+
+def encode_input(cfg, batch, dtype):
+  """The generator's input, built in the step as the reference does: one-hot labels + edges."""
+  one_hot = jax.nn.one_hot(batch['label'], cfg['label_nc'], dtype=dtype)
+  edges = instance_edges(batch['instance']).astype(dtype)[..., None]
+  return jnp.concatenate([one_hot, edges], axis=-1)
+
+
+# -------------------------------------------------------------------------- losses
+
+
+def lsgan(predictions, target):
+  """GANLoss(use_lsgan=True): MSE of each scale's patch scores to the target, summed."""
+  return sum(jnp.mean((feats[-1].astype(jnp.float32) - target) ** 2) for feats in predictions)
+
+
+def feature_matching(fake, real, n_layers):
+  """L1 between every intermediate discriminator feature, weighted as the reference."""
+  weight = (4.0 / (n_layers + 1)) / len(fake)
+  total = jnp.float32(0.0)
+  for fake_scale, real_scale in zip(fake, real):
+    for a, b in zip(fake_scale[:-1], real_scale[:-1]):
+      total += weight * jnp.mean(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
+  return total
+
+
+def losses(nets: Nets, cfg, params, vgg_params, batch):
+  """(g_loss + d_loss, metrics) at `params` = {'generator', 'discriminator'}.
+
+  Stop-gradients make the sum's gradient the generator's loss gradient for the
+  generator and the discriminators' loss gradient for the discriminators: one
+  backward pass computes what the reference's two backward calls do. Freezing one
+  network is then just not applying its half of the gradient.
+  """
+  dtype = nets.generator.dtype
+  sg = jax.lax.stop_gradient
+  condition = encode_input(cfg, batch, dtype)
+  real = batch['image'].astype(dtype)
+  fake = nets.generator.apply({'params': params['generator']}, condition)
+
+  def discriminate(d_params, image):
+    pair = jnp.concatenate([condition, image.astype(dtype)], axis=-1)
+    return nets.discriminator.apply({'params': d_params}, pair)
+
+  pred_fake_detached = discriminate(params['discriminator'], sg(fake))
+  pred_real = discriminate(params['discriminator'], batch['image'])
+  d_fake, d_real = lsgan(pred_fake_detached, 0.0), lsgan(pred_real, 1.0)
+  d_loss = 0.5 * (d_fake + d_real)
+
+  pred_fake = discriminate(sg(params['discriminator']), fake)
+  g_gan = lsgan(pred_fake, 1.0)
+  g_feat = cfg['lambda_feat'] * feature_matching(pred_fake, sg(pred_real), cfg['n_layers_D'])
+  g_vgg = cfg['lambda_feat'] * vgg.perceptual_loss(nets.vgg, vgg_params, fake, real)
+  g_loss = g_gan + g_feat + g_vgg
+  return g_loss + d_loss, {
+    'g_loss': g_loss,
+    'd_loss': d_loss,
+    'g_gan': g_gan,
+    'g_feat': g_feat,
+    'g_vgg': g_vgg,
+    'd_real': d_real,
+    'd_fake': d_fake,
+  }
+
+
+# ------------------------------------------------------------------------- trainer
+
+
+@flax.struct.dataclass
+class GANState:
+  """Both networks' parameters and Adam states; the fixed VGG19 rides along untrained."""
+
+  step: jax.Array
+  params: Any  # {'generator': ..., 'discriminator': ...}
+  opt_state: Any  # the same two keys
+  vgg_params: Any
+  loss_scale: Any  # flax DynamicScale under fp16, else None
+
+
+def optimizer(cfg):
+  return optax.adam(cfg['lr'], b1=cfg['beta1'], b2=0.999)
+
+
+def _normal_tree(rng, shapes, kernel_std):
+  """Parameters of these shapes from ONE normal draw: kernels scaled, biases zero.
+
+  XLA on CPU compiles every random draw on its own and slowly (seconds each on the
+  test machine); one draw for the ~90 kernels keeps the compile of init short.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  is_kernel = [path[-1].key == 'kernel' for path, _ in leaves]
+  total = sum(leaf.size for (_, leaf), k in zip(leaves, is_kernel) if k)
+  flat = jax.random.normal(rng, (total,), jnp.float32)
+  out, offset = [], 0
+  for (_, leaf), k in zip(leaves, is_kernel):
+    if k:
+      out.append(kernel_std(leaf.shape) * flat[offset : offset + leaf.size].reshape(leaf.shape))
+      offset += leaf.size
+    else:
+      out.append(jnp.zeros(leaf.shape, leaf.dtype))
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def param_shapes(nets: Nets, cfg):
+  """({'generator', 'discriminator'}, vgg) parameter shapes, without computing anything."""
+  side = 2 ** (cfg['n_downsample_global'] + 3)  # convolution shapes ignore the image size
+  h, w = min(cfg['height'], side), min(cfg['width'], side)
+  in_ch, key = cfg['label_nc'] + 1, jax.random.key(0)
+  shapes = lambda module, ch: jax.eval_shape(
+    module.init, key, jax.ShapeDtypeStruct((1, h, w, ch), jnp.float32)
+  )['params']
+  return (
+    {
+      'generator': shapes(nets.generator, in_ch),
+      'discriminator': shapes(nets.discriminator, in_ch + cfg['output_nc']),
+    },
+    shapes(nets.vgg, 3),
+  )
+
+
+def init_params(nets: Nets, cfg, rng):
+  """Trained parameters as the modules declare them: N(0, 0.02) kernels (pix2pixHD's
+  weights_init), zero biases; and the fixed VGG19's He-normal parameters."""
+  params_rng, vgg_rng = jax.random.split(rng)
+  params, vgg_params = param_shapes(nets, cfg)
+  return (
+    _normal_tree(params_rng, params, lambda shape: nets_lib.KERNEL_STD),
+    _normal_tree(vgg_rng, vgg_params, vgg.kernel_std),
+  )
+
+
+def trainer(cfg, policy) -> wl.Trainer:
+  nets = build(cfg, policy.compute_dtype)
+  tx = optimizer(cfg)
+
+  def init(rng):
+    params, vgg_params = init_params(nets, cfg, rng)
+    return GANState(
+      step=jnp.zeros((), jnp.int32),
+      params=params,
+      opt_state={k: tx.init(params[k]) for k in NETWORKS},
+      vgg_params=vgg_params,
+      loss_scale=policy.initial_scale(),
+    )
+
+  def step(state, batch, rng):
+    del rng  # pix2pixHD's iteration draws nothing at random (no dropout, no noise, pool 0)
+    loss_fn = lambda params: losses(nets, cfg, params, state.vgg_params, batch)
+    if state.loss_scale is None:
+      (value, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+      finite, loss_scale = None, None
+    else:
+      loss_scale, finite, (value, metrics), grads = state.loss_scale.value_and_grad(
+        loss_fn, has_aux=True
+      )(state.params)
+    params, opt_state = {}, {}
+    for k in NETWORKS:
+      updates, opt_state[k] = tx.update(grads[k], state.opt_state[k], state.params[k])
+      params[k] = optax.apply_updates(state.params[k], updates)
+    if finite is not None:
+      # A step whose scaled gradients overflowed changes nothing but the scale.
+      keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+      params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+    new_state = state.replace(
+      step=state.step + 1, params=params, opt_state=opt_state, loss_scale=loss_scale
+    )
+    return new_state, {'loss': value, **metrics}
+
+  return wl.Trainer(
+    init=init,
+    make_batch=lambda rng, n: make_batch(cfg, rng, n),
+    step=step,
+    param_groups=lambda state: {k: state.params[k] for k in NETWORKS},
+  )
+
+
+def flops_per_example(cfg):
+  """Training FLOPs of one image (convolutions; norms, pools and losses are negligible).
+
+  Generator forward + backward: 3 G. Discriminators: the fake and real passes of
+  their own loss, forward + backward, 6 D; the fake pass of the generator's loss,
+  forward + input gradients only (their weights are held), 2 D. VGG19: the fake
+  image forward + input gradients, 2 V; the real image forward, 1 V.
+  """
+  g = nets_lib.generator_flops(cfg)
+  d = nets_lib.discriminator_flops(cfg)
+  v = vgg.flops(cfg['height'], cfg['width'], cfg['vgg_base'])
+  return 3 * g + 8 * d + 3 * v
+
+
+PIX2PIXHD = wl.Workload(
+  name='pix2pixhd',
+  description='Pix2PixHD local enhancer, 2048x1024 Cityscapes-like label maps, G and D steps',
+  unit='images',
+  throughput_unit='images/s',
+  config=dict(
+    height=1024,
+    width=2048,
+    label_nc=35,
+    output_nc=3,
+    # netG=local: the global generator runs at ngf*2 = 64 on the half-size input.
+    ngf=32,
+    n_downsample_global=4,
+    n_blocks_global=9,
+    n_blocks_local=3,
+    ndf=64,
+    n_layers_D=3,
+    num_D=3,
+    vgg_base=64,
+    lambda_feat=10.0,
+    lr=2e-4,
+    beta1=0.5,
+    shapes=24,  # painted objects per synthetic label map
+    # How the generator upsamples (models/pix2pixhd_nets.UPSAMPLES): 2x2 convolutions to the
+    # four output phases ('phases', the default since session 17: the same function and
+    # parameters at 1.78 times those layers' multiply-adds) or transposed convolutions
+    # ('transposed', sessions 1-16's results), whose weight gradients reach cuDNN as forward
+    # convolutions with windows of half the image. In bf16 on the H200 the phased form ran 24
+    # images at 22.0 images/s (session 17); the transposed form has not run to a bf16 result.
+    upsample='phases',
+  ),
+  # Every stage kept but the fewest layers: XLA's CPU compile time grows with the
+  # layer count (about 30 s of CPU for this step), not with the image size.
+  tiny=dict(
+    height=32,
+    width=64,
+    ngf=4,
+    n_downsample_global=1,
+    n_blocks_global=1,
+    n_blocks_local=1,
+    ndf=8,
+    n_layers_D=2,
+    num_D=2,
+    vgg_base=8,
+    shapes=6,
+    lr=1e-3,
+  ),
+  trainer=trainer,
+  flops_per_example=flops_per_example,
+  default_precision='fp32',
+  family='image',
+  adversarial=True,
+  choices={'upsample': nets_lib.UPSAMPLES},
+)

@@ -1,0 +1,1 @@
+"""stylegan: StyleGAN config F at 1024x1024."""

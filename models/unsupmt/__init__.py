@@ -1,0 +1,1 @@
+"""unsupmt: XLM's unsupervised machine translation."""

@@ -1,0 +1,1 @@
+"""yolov3: YOLOv3 on Darknet-53."""
