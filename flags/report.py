@@ -1,10 +1,11 @@
-"""Flags of the report command (python -m jaxbench.report_main); --store comes from sweep."""
+"""Flags of the report (python -m jaxbench.report_main); --store is defined in flags/sweep.py."""
 
 from absl import flags
 
-OUT = flags.DEFINE_string('out', None, 'Directory for the Markdown, CSV and PNG files.')
+OUT = flags.DEFINE_string('out', None, 'Write the report (Markdown, CSV, PNG) in this directory.')
 REFERENCE_GPU = flags.DEFINE_string(
   'reference_gpu',
   'quadro_rtx_8000',
-  'Normalize throughput to this catalog GPU (2020: the Quadro RTX 8000).',
+  'Express throughput relative to this catalog GPU, as the 2020 benchmark did with the Quadro '
+  'RTX 8000.',
 )

@@ -1,54 +1,64 @@
-"""Flags of GPU emulation, compile-only prediction and sweeps over workloads x GPUs x precisions."""
+"""Flags of the card to emulate, compile-only prediction, and sweeps over workloads x GPUs."""
 
 from absl import flags
+
+from flags import validators
 
 GPU = flags.DEFINE_string(
   'gpu',
   None,
-  'Emulate this catalog GPU (e.g. rtx_2080_ti): cap the memory at the card\'s '
-  'size minus what a real card loses to the driver and the CUDA context (see docs/sweep.md).',
+  'Emulate this catalog GPU (e.g. rtx_2080_ti): cap the memory at the card\'s size less what '
+  'the driver and the CUDA context take on a real card.',
 )
 MEMORY_GB = flags.DEFINE_float(
   'memory_gb',
   None,
-  'Emulate a card of this many GB (GiB, as cards are sold), less the same '
-  'overhead as --gpu. Excludes --gpu and --memory_limit_gb.',
+  'Emulate a card with this much memory, in GB (1e9 bytes), less the same overhead as --gpu. '
+  'A card sold as "11 GB" has 11 GiB = 11.81 GB; --gpu knows each catalog card\'s size.',
 )
+validators.positive(MEMORY_GB, 'GB')
 GPUS = flags.DEFINE_list(
   'gpus',
   [],
-  'GPUs to sweep or predict: catalog names and/or "lambda2020" (the eight 2020 '
-  'GPUs), comma-separated.',
+  'Catalog GPUs to sweep or predict, comma-separated; "lambda2020" names the eight GPUs of '
+  'the 2020 benchmark.',
 )
 PRECISIONS = flags.DEFINE_list(
-  'precisions', [], 'Precisions to sweep, e.g. fp32,bf16. Default: each workload\'s 2020 one.'
+  'precisions',
+  [],
+  'Precisions to sweep, comma-separated (e.g. fp32,bf16). Default: each workload\'s precision '
+  'in the 2020 benchmark.',
+)
+flags.register_validator(
+  PRECISIONS,
+  lambda names: all(n in validators.PRECISION_NAMES for n in names),
+  message=f'each must be one of {", ".join(validators.PRECISION_NAMES)}',
 )
 PREDICT = flags.DEFINE_bool(
   'predict',
   False,
-  'Predict the max batch of each --gpus/--gpu card from the compile-time '
-  'memory model: compile only, run no step, time nothing.',
+  'Predict the largest batch for each card of --gpus (or --gpu, --memory_gb) from the '
+  'compiler\'s memory plan: compile only, run and time nothing.',
 )
 COMPILE_FOR = flags.DEFINE_string(
   'compile_for',
   None,
-  'With --predict: compile for this GPU (h200) on a host without one, through JAX\'s CUDA '
-  'plugin, and predict from its compiler\'s memory plan (no autotuning; see '
-  'jaxbench/deviceless.py). The host may have no GPU at all.',
+  'With --predict: compile for this GPU (h200) on a host that has none, through JAX\'s CUDA '
+  'plugin. Nothing is autotuned in such a compile.',
 )
 STORE = flags.DEFINE_string(
   'store',
   None,
-  'Sweep: run each cell in a fresh process and append its result to this JSON '
-  'Lines file; a rerun skips the cells already there. The report command '
-  '(jaxbench.report_main) reads it, or several result files given comma-separated.',
+  'Sweep: append each cell\'s result to this JSON Lines file, running each cell in its own '
+  'process and skipping those it holds. The report reads one or more such files, comma-separated.',
 )
 CELL_TIMEOUT_S = flags.DEFINE_integer(
   'cell_timeout_s',
   3600,
-  'Sweep: a cell running longer is killed and recorded as failed '
-  '(a --predict cell group gets this per GPU).',
+  'Sweep: seconds after which a cell is killed and recorded as failed (a --predict cell gets '
+  'this per GPU).',
+  lower_bound=1,
 )
 RETRY_FAILED = flags.DEFINE_bool(
-  'retry_failed', False, 'Sweep: run again the cells recorded as failed (crash or timeout).'
+  'retry_failed', False, 'Sweep: run again the cells recorded as failed (a crash or a timeout).'
 )

@@ -1,31 +1,123 @@
-"""Command-line validation: every bad input becomes one UsageError line, before any work."""
+"""The command line's values, and their validation: every bad input is one UsageError line.
+
+The flag parser has checked each value alone (types, bounds, precision names); this module
+checks them together and against the workloads, before any work. It imports JAX and the models
+only when `plan` runs, so that the entry point can read the flags before the backend starts.
+"""
+
+from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+from typing import TYPE_CHECKING, Callable, NoReturn
 
-from jaxbench.core import bench
-from models import precision, registry
-from models import workload as wl
+from absl import flags
+
+if TYPE_CHECKING:
+  from jaxbench.core import bench
+  from models import workload as wl
 
 
 class UsageError(Exception):
   """Bad input: main prints it as one line and exits with status 2."""
 
 
+def flags_parser(prog: str) -> Callable[[list[str]], list[str]]:
+  """absl.app.run's flags_parser for the command `prog`: a bad flag is one line and status 2.
+
+  The line is `prog: error: ...`, on stderr, without absl's usage text. absl's --help,
+  --helpshort and --helpfull print the help and exit with status 1; the help asked for is no
+  error, so they exit with 0.
+  """
+
+  def parse(argv: list[str]) -> list[str]:
+    try:
+      rest = flags.FLAGS(argv)
+    except flags.Error as e:
+      fail(prog, str(e).splitlines()[0])
+    except SystemExit:  # only absl's help flags exit while parsing, after they printed
+      sys.exit(0)
+    if rest[1:]:
+      fail(prog, f'unexpected arguments: {" ".join(rest[1:])}')
+    if flags.FLAGS['verbosity'].using_default_value:
+      # Python's logging at WARNING, not absl.app's INFO: what JAX logs at INFO (backends
+      # it did not find, ...) is no part of a run's output. --verbosity=0 shows it.
+      flags.FLAGS.verbosity = -1
+    return rest
+
+  return parse
+
+
+def fail(prog: str, message: str) -> NoReturn:
+  """Bad input of the command `prog`: one line on stderr, and status 2."""
+  print(f'{prog}: error: {message}', file=sys.stderr)
+  sys.exit(2)
+
+
 @dataclasses.dataclass(frozen=True)
-class Plan:
-  action: str  # 'list', 'describe', 'check' or 'run'
-  workloads: tuple[wl.Workload, ...]
-  options: bench.Options
-  memory_limit_gb: float | None = None
-  remat: bool = False
+class Args:
+  """The parsed command line as plain values, one field per flag (lists as tuples).
+
+  The defaults are the flags' (tests/test_flags.py checks that they agree).
+  """
+
+  # flags/run.py
+  model: tuple[str, ...] = ()
+  list_models: bool = False
+  describe: bool = False
+  check: bool = False
+  batch_size: int | None = None
+  precision: str | None = None
+  warmup_steps: int = 3
+  steps: int = 20
+  windows: int = 5
+  seed: int = 0
+  tiny: bool | None = None
+  set: tuple[str, ...] = ()
   output: str | None = None
+  # flags/search.py
+  memory_limit_gb: float | None = None
+  # flags/sweep.py
+  gpu: str | None = None
+  memory_gb: float | None = None
+  gpus: tuple[str, ...] = ()
+  precisions: tuple[str, ...] = ()
+  predict: bool = False
+  compile_for: str | None = None
+  store: str | None = None
+  cell_timeout_s: int = 3600
+  retry_failed: bool = False
+  # flags/advanced.py
+  remat: bool = False
+  verify_predicted_oom: bool = False
+  search_tolerance: float = 0.0
+  search_hints: tuple[str, ...] = ()
+  search_resume: bool = False
+  run_every_fit: bool = True
+  max_examples: int = 1 << 20
   compilation_cache_dir: str | None = None
+  autotune_level: int | None = None
+  probe_autotune_level: int | None = None
+  autotune_cache_dir: str | None = None
+  autotune_log: str | None = None
   triton_gemm: bool = False
   progress_file: str | None = None
 
 
-def parse_overrides(items: list[str]) -> tuple[tuple[str, str], ...]:
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What to do with which workloads; what runner.run needs besides the options."""
+
+  action: str  # 'list', 'describe', 'check' or 'run'
+  workloads: tuple[wl.Workload, ...]
+  options: bench.Options
+  remat: bool = False
+  output: str | None = None
+  progress_file: str | None = None
+
+
+def parse_overrides(items: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
   pairs = []
   for item in items:
     key, sep, value = item.partition('=')
@@ -35,8 +127,10 @@ def parse_overrides(items: list[str]) -> tuple[tuple[str, str], ...]:
   return tuple(pairs)
 
 
-def resolve_models(names: list[str]) -> tuple[wl.Workload, ...]:
-  if names == ['all']:
+def resolve_models(names: tuple[str, ...] | list[str]) -> tuple[wl.Workload, ...]:
+  from models import registry  # pylint: disable=g-import-not-at-top
+
+  if list(names) == ['all']:
     return tuple(registry.all_workloads())
   try:
     return tuple(registry.get(n) for n in dict.fromkeys(names))
@@ -44,114 +138,100 @@ def resolve_models(names: list[str]) -> tuple[wl.Workload, ...]:
     raise UsageError(e.args[0]) from None
 
 
-def plan(f) -> Plan:
-  """Check the parsed flags (an object with the flag values as attributes)."""
-  if getattr(f, 'check', False) and (f.describe or f.list_models):
-    raise UsageError('--check validates a run: not with --describe or --list_models')
-  if f.list_models and (f.describe or f.model):
-    raise UsageError('--list_models takes no --model or --describe')
-  if f.list_models:
-    return Plan('list', tuple(registry.all_workloads()), bench.Options())
-  if not f.model and not f.describe:
-    raise UsageError(
-      'choose a workload with --model=NAME (or --model=all); --list_models lists them'
-    )
-  workloads = resolve_models(f.model) if f.model else tuple(registry.all_workloads())
-  if f.precision is not None and f.precision not in precision.POLICIES:
-    raise UsageError(f'unknown precision {f.precision!r}; valid: {", ".join(precision.POLICIES)}')
-  for name, value, least in (
-    ('warmup_steps', f.warmup_steps, 0),
-    ('steps', f.steps, 1),
-    ('windows', f.windows, 1),
-    ('max_examples', f.max_examples, 1),
-  ):
-    if value < least:
-      raise UsageError(f'--{name} must be at least {least}, got {value}')
-  if not 0 <= f.search_tolerance < 1:
-    raise UsageError(f'--search_tolerance must be in [0, 1), got {f.search_tolerance}')
-  for path in f.search_hints:
+def _search_conflicts(a: Args) -> None:
+  """The advanced search flags that exclude each other or a fixed batch."""
+  for path in a.search_hints:
     if not os.path.isfile(path):
       raise UsageError(f'--search_hints: {path} is not a file')
-  if getattr(f, 'search_resume', False) and (not f.search_hints or f.batch_size is not None):
+  if a.search_resume and (not a.search_hints or a.batch_size is not None):
     raise UsageError(
       '--search_resume goes on with a search from the results in --search_hints: give those, '
       'and no --batch_size'
     )
-  if not getattr(f, 'run_every_fit', True) and f.batch_size is not None:
+  if not a.run_every_fit and a.batch_size is not None:
     raise UsageError('--norun_every_fit is for searches: a fixed --batch_size runs its one batch')
-  if not getattr(f, 'run_every_fit', True) and f.verify_predicted_oom:
+  if not a.run_every_fit and a.verify_predicted_oom:
     raise UsageError(
       '--norun_every_fit decides fits by their forecast, --verify_predicted_oom runs what the '
       'forecast rules out: give one of them'
     )
-  probe_level = getattr(f, 'probe_autotune_level', None)
-  if probe_level is not None:
+  if a.probe_autotune_level is not None:
     for given, what in (
-      (f.batch_size is not None, '--batch_size (a fixed batch has no search)'),
-      (getattr(f, 'search_resume', False), '--search_resume (its probes are cheap to redo)'),
-      (f.verify_predicted_oom, '--verify_predicted_oom (its probes run nothing)'),
+      (a.batch_size is not None, '--batch_size (a fixed batch has no search)'),
+      (a.search_resume, '--search_resume (its probes are cheap to redo)'),
+      (a.verify_predicted_oom, '--verify_predicted_oom (its probes run nothing)'),
     ):
       if given:
         raise UsageError(f'--probe_autotune_level is for a search: not with {what}')
-  if f.steps < f.windows:
-    raise UsageError(f'--steps ({f.steps}) must be at least --windows ({f.windows})')
-  if f.batch_size is not None and f.batch_size <= 0:
-    raise UsageError(f'--batch_size must be positive, got {f.batch_size}')
-  if f.memory_limit_gb is not None and f.memory_limit_gb <= 0:
-    raise UsageError(f'--memory_limit_gb must be positive, got {f.memory_limit_gb}')
-  if f.describe and (f.batch_size is not None or f.output):
-    raise UsageError('--describe runs nothing: it takes no --batch_size or --output')
-  overrides = parse_overrides(f.set)
-  for w in workloads:
-    try:
-      cfg = w.resolve(tiny=bool(f.tiny), overrides=dict(overrides))
-    except ValueError as e:
-      raise UsageError(str(e)) from None
-    if f.batch_size is not None and f.batch_size < w.example_size(cfg):
-      raise UsageError(
-        f'--batch_size={f.batch_size} is less than one example of {w.name} '
-        f'({w.example_size(cfg)} {w.unit})'
-      )
-  if f.output:
-    parent = os.path.dirname(os.path.abspath(f.output))
+
+
+def _files(a: Args) -> None:
+  """--output and --progress_file: files that can be written, and not the same one."""
+  if a.output:
+    parent = os.path.dirname(os.path.abspath(a.output))
     if not os.path.isdir(parent):
       raise UsageError(f'--output: directory {parent} does not exist')
-    if os.path.isdir(f.output):
-      raise UsageError(f'--output: {f.output} is a directory')
-  progress_file = getattr(f, 'progress_file', None)
-  if progress_file:
-    parent = os.path.dirname(os.path.abspath(progress_file))
-    if not os.path.isdir(parent) or os.path.isdir(progress_file):
-      raise UsageError(f'--progress_file: {progress_file} is not a file in an existing directory')
-    if f.describe:
+    if os.path.isdir(a.output):
+      raise UsageError(f'--output: {a.output} is a directory')
+  if a.progress_file:
+    parent = os.path.dirname(os.path.abspath(a.progress_file))
+    if not os.path.isdir(parent) or os.path.isdir(a.progress_file):
+      raise UsageError(f'--progress_file: {a.progress_file} is not a file in an existing directory')
+    if a.describe:
       raise UsageError('--describe runs nothing: it takes no --progress_file')
-    if f.output and os.path.abspath(f.output) == os.path.abspath(progress_file):
+    if a.output and os.path.abspath(a.output) == os.path.abspath(a.progress_file):
       raise UsageError('--progress_file and --output must be different files')
+
+
+def plan(a: Args) -> Plan:
+  """Check the command line's values together; the plan of what to do."""
+  from jaxbench.core import bench  # pylint: disable=g-import-not-at-top
+  from models import registry  # pylint: disable=g-import-not-at-top
+
+  if a.check and (a.describe or a.list_models):
+    raise UsageError('--check validates a run: not with --describe or --list_models')
+  if a.list_models and (a.describe or a.model):
+    raise UsageError('--list_models takes no --model or --describe')
+  if a.list_models:
+    return Plan('list', tuple(registry.all_workloads()), bench.Options())
+  if not a.model and not a.describe:
+    raise UsageError(
+      'choose a workload with --model=NAME (or --model=all); --list_models lists them'
+    )
+  workloads = resolve_models(a.model) if a.model else tuple(registry.all_workloads())
+  _search_conflicts(a)
+  if a.steps < a.windows:
+    raise UsageError(f'--steps ({a.steps}) must be at least --windows ({a.windows})')
+  if a.describe and (a.batch_size is not None or a.output):
+    raise UsageError('--describe runs nothing: it takes no --batch_size or --output')
+  overrides = parse_overrides(a.set)
+  for w in workloads:
+    try:
+      cfg = w.resolve(tiny=bool(a.tiny), overrides=dict(overrides))
+    except ValueError as e:
+      raise UsageError(str(e)) from None
+    if a.batch_size is not None and a.batch_size < w.example_size(cfg):
+      raise UsageError(
+        f'--batch_size={a.batch_size} is less than one example of {w.name} '
+        f'({w.example_size(cfg)} {w.unit})'
+      )
+  _files(a)
   options = bench.Options(
-    precision=f.precision,
-    tiny=bool(f.tiny),
+    precision=a.precision,
+    tiny=bool(a.tiny),
     overrides=overrides,
-    batch_size=f.batch_size,
-    warmup_steps=f.warmup_steps,
-    steps=f.steps,
-    windows=f.windows,
-    seed=f.seed,
-    max_examples=f.max_examples,
-    verify_predicted_oom=f.verify_predicted_oom,
-    search_tolerance=f.search_tolerance,
-    search_hints=tuple(f.search_hints),
-    search_resume=bool(getattr(f, 'search_resume', False)),
-    run_every_fit=bool(getattr(f, 'run_every_fit', True)),
-    probe_autotune_level=probe_level,
+    batch_size=a.batch_size,
+    warmup_steps=a.warmup_steps,
+    steps=a.steps,
+    windows=a.windows,
+    seed=a.seed,
+    max_examples=a.max_examples,
+    verify_predicted_oom=a.verify_predicted_oom,
+    search_tolerance=a.search_tolerance,
+    search_hints=tuple(a.search_hints),
+    search_resume=a.search_resume,
+    run_every_fit=a.run_every_fit,
+    probe_autotune_level=a.probe_autotune_level,
   )
-  return Plan(
-    'describe' if f.describe else 'check' if getattr(f, 'check', False) else 'run',
-    workloads,
-    options,
-    f.memory_limit_gb,
-    f.remat,
-    f.output,
-    f.compilation_cache_dir,
-    f.triton_gemm,
-    progress_file,
-  )
+  action = 'describe' if a.describe else 'check' if a.check else 'run'
+  return Plan(action, workloads, options, a.remat, a.output, a.progress_file)

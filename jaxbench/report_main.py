@@ -7,21 +7,22 @@ emulated runs, a file of --compile_for predictions): they are read in order, so 
 the same cell the later file's result wins.
 """
 
+import functools
 import os
 import sys
 
-from absl import flags
+from absl import app, flags
 
 from flags import report as report_flags
 from flags import sweep as sweep_flags
+from jaxbench import cli
 
-FLAGS = flags.FLAGS
+flags.adopt_module_key_flags(report_flags)  # what --helpshort lists, with --store:
+flags.declare_key_flag('store')
 ORDER = ('max_batch', 'throughput', 'normalized', 'summary', 'prediction', 'forecast')
 
 
-def _fail(message: str) -> None:
-  print(f'jaxbench.report: error: {message}', file=sys.stderr)
-  sys.exit(2)
+_fail = functools.partial(cli.fail, 'jaxbench.report')
 
 
 def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[str]:
@@ -65,29 +66,24 @@ def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[st
 
 
 def main(argv: list[str]) -> int:
-  try:
-    extra = FLAGS(argv)[1:]
-  except flags.Error as e:
-    _fail(str(e).splitlines()[0])
+  del argv  # cli.flags_parser refuses arguments that are not flags
   from jaxbench.cards import catalog  # pylint: disable=g-import-not-at-top
 
   store_paths = [p for p in (sweep_flags.STORE.value or '').split(',') if p]
-  out_dir = report_flags.OUT.value
-  if extra:
-    _fail(f'unexpected arguments: {" ".join(extra)}')
+  out_dir, reference = report_flags.OUT.value, report_flags.REFERENCE_GPU.value
   if not store_paths or not out_dir:
     _fail('give --store=FILE[,FILE...] (a sweep\'s JSON Lines) and --out=DIR')
   for path in store_paths:
     if not os.path.isfile(path):
       _fail(f'--store: no file {path}')
   try:
-    catalog.get(report_flags.REFERENCE_GPU.value)
+    catalog.get(reference)
   except catalog.CatalogError as e:
     _fail(f'--reference_gpu: {e}')
-  for path in write(store_paths, out_dir, report_flags.REFERENCE_GPU.value):
+  for path in write(store_paths, out_dir, reference):
     print(path)
   return 0
 
 
 if __name__ == '__main__':
-  sys.exit(main(sys.argv))
+  app.run(main, flags_parser=cli.flags_parser('jaxbench.report'))

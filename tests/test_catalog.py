@@ -3,10 +3,10 @@
 import os
 import subprocess
 import sys
-import types
 
 import pytest
 
+from jaxbench import cli
 from jaxbench.cards import catalog, emulation
 from jaxbench.results import published
 
@@ -72,9 +72,18 @@ def test_cap_is_card_memory_less_the_overhead():
   g = catalog.get('rtx_2080_ti')
   assert g.memory_bytes == 11 * 2**30
   assert g.cap_bytes == 11 * 2**30 - 768 * 2**20 == 11_005_853_696
-  assert catalog.raw(16).cap_bytes == catalog.get('v100_16').cap_bytes
   with pytest.raises(catalog.CatalogError, match='leaves nothing'):
     catalog.raw(0.5)
+
+
+def test_memory_gb_counts_gb_of_1e9_bytes_less_the_overhead():
+  """--memory_gb=16 is a card of 16e9 bytes; the "16 GB" V100 has 16 GiB = 17.18 GB."""
+  card = catalog.raw(16)
+  assert card.memory_bytes == 16 * 10**9 and card.cap_bytes == 16 * 10**9 - 768 * 2**20
+  assert card.name == 'mem_16gb' and card.display == '16 GB card'
+  assert card.cap_bytes < catalog.get('v100_16').cap_bytes
+  # A catalog card given by its size in GB is that card.
+  assert catalog.raw(11 * 2**30 / 1e9).cap_bytes == catalog.get('rtx_2080_ti').cap_bytes
 
 
 def test_gpu_sets_resolve_in_order_without_duplicates():
@@ -85,20 +94,8 @@ def test_gpu_sets_resolve_in_order_without_duplicates():
 
 
 def _flags(**kw):
-  base = dict(
-    gpu=None,
-    memory_gb=None,
-    memory_limit_gb=None,
-    gpus=[],
-    store=None,
-    predict=False,
-    precisions=[],
-    output=None,
-    precision=None,
-    batch_size=None,
-    describe=False,
-  )
-  return types.SimpleNamespace(**{**base, **kw})
+  """The command line's values with `kw` given."""
+  return cli.Args(**kw)
 
 
 def test_request_sets_the_backend_cap_from_the_card():
@@ -106,8 +103,10 @@ def test_request_sets_the_backend_cap_from_the_card():
   assert req.kind == emulation.SINGLE and req.limit_gb == pytest.approx(
     (16 * 2**30 - 768 * 2**20) / 1e9
   )
+  req = emulation.request(_flags(memory_gb=16.0))
+  assert req.limit_gb == pytest.approx((16e9 - 768 * 2**20) / 1e9)
   assert emulation.request(_flags()).limit_gb is None
-  assert emulation.request(_flags(gpus=['lambda2020'], predict=True)).limit_gb is None
+  assert emulation.request(_flags(gpus=('lambda2020',), predict=True)).limit_gb is None
 
 
 @pytest.mark.parametrize(
@@ -115,11 +114,11 @@ def test_request_sets_the_backend_cap_from_the_card():
   [
     (dict(gpu='t4', memory_limit_gb=3.0), '--gpu and --memory_limit_gb conflict'),
     (dict(gpu='t4', memory_gb=16.0), 'conflict'),
-    (dict(gpus=['t4']), 'give --store'),
+    (dict(gpus=('t4',)), 'give --store'),
     (dict(predict=True), '--predict needs'),
     (dict(store='x.jsonl', memory_gb=8.0), 'catalog GPUs'),
-    (dict(store='x.jsonl', gpus=['t4'], precision='fp32'), 'use --precisions'),
-    (dict(precisions=['fp32'], gpu='t4'), '--precisions is for sweeps'),
+    (dict(store='x.jsonl', gpus=('t4',), precision='fp32'), 'use --precisions'),
+    (dict(precisions=('fp32',), gpu='t4'), '--precisions is for sweeps'),
   ],
 )
 def test_request_refuses_conflicts(kw, says):

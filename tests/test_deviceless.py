@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _flags(**kw):
   """test_catalog's flags, asking for a deviceless prediction of the eight 2020 cards."""
   return test_catalog._flags(
-    **{'gpus': ['lambda2020'], 'predict': True, 'compile_for': 'h200', **kw}
+    **{'gpus': ('lambda2020',), 'predict': True, 'compile_for': 'h200', **kw}
   )
 
 
@@ -40,7 +40,7 @@ def test_a_prediction_may_name_its_target():
   'kw, says',
   [
     (dict(compile_for='b9000'), "unknown target 'b9000'; known: h200"),
-    (dict(predict=False, gpus=[], gpu='t4'), '--compile_for only predicts'),
+    (dict(predict=False, gpus=(), gpu='t4'), '--compile_for only predicts'),
     (dict(store='x.jsonl'), '--compile_for only predicts'),
   ],
 )

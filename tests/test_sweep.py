@@ -14,7 +14,10 @@ import sys
 import time
 
 import pytest
+from absl import flags
 
+from jaxbench import cli
+from jaxbench import main as jaxbench_main
 from jaxbench.cards import sweep
 from jaxbench.results import store
 from models import registry
@@ -87,6 +90,46 @@ def test_a_resumed_sweep_resumes_runs_from_the_store_once_there_is_one(tmp_path)
   assert '--search_resume' not in sweep.command(predict, store_path, ['--search_resume'])
   assert '--norun_every_fit' in sweep.command([cell], store_path, ['--norun_every_fit'])
   assert '--norun_every_fit' not in sweep.command(predict, store_path, ['--norun_every_fit'])
+
+
+def test_each_cell_gets_the_sweeps_own_values():
+  """passthrough's flags, parsed as a cell parses them, give back the sweep's values."""
+  given = cli.Args(
+    steps=7,
+    windows=7,
+    warmup_steps=0,
+    seed=3,
+    max_examples=64,
+    search_tolerance=0.05,
+    remat=True,
+    verify_predicted_oom=True,
+    autotune_level=2,
+    compilation_cache_dir='/cache',
+    autotune_cache_dir='/tuned',
+    search_resume=True,
+    run_every_fit=False,
+  )
+  try:
+    flags.FLAGS(['jaxbench', *sweep.passthrough(given)])
+    cell = jaxbench_main.read_args()
+  finally:
+    flags.FLAGS.unparse_flags()
+  passed = {
+    f.name
+    for f in dataclasses.fields(cli.Args)
+    if getattr(given, f.name) != getattr(cli.Args(), f.name)
+  }
+  assert {n: getattr(cell, n) for n in passed} == {n: getattr(given, n) for n in passed}
+  assert sweep.passthrough(cli.Args(probe_autotune_level=0))[-1] == '--probe_autotune_level=0'
+
+
+def test_the_sweeps_progress_goes_to_stderr(tmp_path, capsys):
+  path = str(tmp_path / 's.jsonl')
+  assert sweep.run(_cells(gpus=('t4',))[:1], path, fake_command(path), 60) == 0
+  out, err = capsys.readouterr()
+  assert out == ''
+  assert err.splitlines()[0] == f'sweep: 1 cells, 0 already in {path}, 1 to run'
+  assert err.splitlines()[-1] == 'sweep: done, 0 failed this run'
 
 
 def test_an_interrupted_cell_is_not_done(tmp_path):

@@ -121,10 +121,14 @@ def lambda2020() -> list[Gpu]:
 
 
 def raw(memory_gb: float) -> Gpu:
-  """A card of `memory_gb` GiB that is not in the catalog (--memory_gb)."""
-  if memory_gb <= 0:
-    raise CatalogError(f'--memory_gb must be positive, got {memory_gb}')
-  gpu = Gpu(name=f'mem_{memory_gb:g}gb', display=f'{memory_gb:g} GB card', memory_gb=memory_gb)
+  """A card of `memory_gb` GB (1e9 bytes, not GiB) that is not in the catalog (--memory_gb).
+
+  It loses the same overhead as a catalog card. Its memory_gb field, like every card's, is in
+  GiB: a 16 GB card records 14.9 GiB and 16e9 bytes.
+  """
+  gpu = Gpu(
+    name=f'mem_{memory_gb:g}gb', display=f'{memory_gb:g} GB card', memory_gb=memory_gb * 1e9 / GIB
+  )
   if gpu.cap_bytes <= 0:
     raise CatalogError(
       f'--memory_gb={memory_gb:g} leaves nothing after the '

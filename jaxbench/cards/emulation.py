@@ -1,13 +1,14 @@
 """--gpu, --memory_gb, --gpus, --predict and --store: which cards, and what kind of run.
 
 Checked before the JAX backend starts (this module imports no JAX and no model): the card
-decides the memory cap that jaxbench.backend must set first.
+decides the memory cap that jaxbench.core.backend must set first.
 """
 
 import dataclasses
 import os
 from typing import Any
 
+from jaxbench import cli
 from jaxbench.cards import catalog, deviceless
 
 SINGLE, PREDICT, SWEEP = 'single', 'predict', 'sweep'
@@ -29,66 +30,65 @@ class Request:
     return self.gpus[0].cap_bytes / 1e9
 
 
-def request(f) -> Request:
-  """Check the emulation and sweep flags of `f` (parsed absl FLAGS or any object like it)."""
+def request(a: cli.Args) -> Request:
+  """Check the card, prediction and sweep values of the command line; what kind of run it is."""
   given = [
     n
     for n, v in (
-      ('--gpu', f.gpu),
-      ('--memory_gb', f.memory_gb),
-      ('--memory_limit_gb', f.memory_limit_gb),
-      ('--gpus', f.gpus),
+      ('--gpu', a.gpu),
+      ('--memory_gb', a.memory_gb),
+      ('--memory_limit_gb', a.memory_limit_gb),
+      ('--gpus', a.gpus),
     )
-    if v not in (None, [])
+    if v not in (None, ())
   ]
   if len(given) > 1:
     raise ValueError(f'{" and ".join(given)} conflict: each sets the memory; give one')
   gpus: list[catalog.Gpu] = []
-  if f.gpu is not None:
-    gpus = [catalog.get(f.gpu)]
-  elif f.memory_gb is not None:
-    gpus = [catalog.raw(f.memory_gb)]
-  elif f.gpus:
-    gpus = catalog.resolve(f.gpus)
-  target = getattr(f, 'compile_for', None)
-  if target is not None:
-    deviceless.check(target)
-    if not f.predict or f.store is not None:
+  if a.gpu is not None:
+    gpus = [catalog.get(a.gpu)]
+  elif a.memory_gb is not None:
+    gpus = [catalog.raw(a.memory_gb)]
+  elif a.gpus:
+    gpus = catalog.resolve(list(a.gpus))
+  if a.compile_for is not None:
+    deviceless.check(a.compile_for)
+    if not a.predict or a.store is not None:
       raise ValueError('--compile_for only predicts: give --predict (and no --store)')
-  if f.store is not None:
-    if not gpus or f.memory_gb is not None:
+  if a.store is not None:
+    if not gpus or a.memory_gb is not None:
       raise ValueError('a sweep (--store) needs catalog GPUs: --gpus=lambda2020 or a list')
     for name, bad in (
-      ('--output', f.output),
-      ('--precision', f.precision),
-      ('--batch_size', f.batch_size is not None),
-      ('--describe', f.describe),
-      ('--progress_file', getattr(f, 'progress_file', None)),
+      ('--output', a.output),
+      ('--precision', a.precision),
+      ('--batch_size', a.batch_size is not None),
+      ('--describe', a.describe),
+      ('--progress_file', a.progress_file),
     ):
       if bad:
         raise ValueError(
           f'a sweep (--store) takes no {name}'
           + (' (use --precisions)' if name == '--precision' else '')
         )
-    parent = os.path.dirname(os.path.abspath(f.store))
-    if not os.path.isdir(parent) or os.path.isdir(f.store):
-      raise ValueError(f'--store: {f.store} is not a file in an existing directory')
+    parent = os.path.dirname(os.path.abspath(a.store))
+    if not os.path.isdir(parent) or os.path.isdir(a.store):
+      raise ValueError(f'--store: {a.store} is not a file in an existing directory')
     return Request(SWEEP, tuple(gpus))
-  if f.precisions:
+  if a.precisions:
     raise ValueError('--precisions is for sweeps (--store); a single run takes --precision')
-  if f.predict:
+  if a.predict:
     if not gpus:
       raise ValueError('--predict needs the cards to predict for: --gpus, --gpu or --memory_gb')
-    if f.batch_size is not None:
+    if a.batch_size is not None:
       raise ValueError('--predict searches the max batch: it takes no --batch_size')
-    if not getattr(f, 'run_every_fit', True):
+    if not a.run_every_fit:
       raise ValueError('--norun_every_fit is for runs: --predict runs nothing')
-    if getattr(f, 'probe_autotune_level', None) is not None:
+    if a.probe_autotune_level is not None:
       raise ValueError(
         '--probe_autotune_level is for runs: --predict compiles only (give --autotune_level)'
       )
-    return Request(PREDICT, tuple(gpus), target)
-  if f.gpus:
+    return Request(PREDICT, tuple(gpus), a.compile_for)
+  if a.gpus:
     raise ValueError('--gpus runs many cards: give --store=FILE for a sweep, or --predict')
   return Request(SINGLE, tuple(gpus))
 

@@ -2,11 +2,12 @@
 
 The memory cap must be set before JAX starts, so every cell (or, for --predict, every
 workload-precision group of cards) runs as `python -m jaxbench.main ... --output=STORE`, which
-appends its results whole (report.append_jsonl). The parent never starts JAX on the device: it
+appends its results whole (records.append_jsonl). The parent never starts JAX on the device: it
 plans, launches, times out, and records a cell that ended without a result (a crash, a
 timeout, a bad exit) as status 'failed'. A rerun skips every cell the store already holds, so
 a sweep killed at any moment resumes with nothing lost and nothing duplicated: a child dies
-with its parent (PR_SET_PDEATHSIG), and a lock keeps two sweeps off one store.
+with its parent (PR_SET_PDEATHSIG), and a lock keeps two sweeps off one store. The sweep's
+progress lines go to stderr: its results are the store.
 """
 
 import collections
@@ -21,6 +22,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from jaxbench import cli
 from jaxbench.cards import catalog
 from jaxbench.results import records as report
 from jaxbench.results import store
@@ -147,8 +149,7 @@ def _die_with_parent(parent: int) -> None:
   """In the child, before exec: be killed when the sweep dies, so no cell outlives it.
 
   A sweep killed between the fork and this call leaves no one to signal the child: the child
-  finds itself re-parented already and ends at once (the test of a sweep killed mid-way hit
-  this window on a loaded 2-core machine: a cell outlived the sweep and wrote its result).
+  finds itself re-parented already and ends at once.
   """
   try:
     ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -156,6 +157,10 @@ def _die_with_parent(parent: int) -> None:
     pass
   if os.getppid() != parent:
     os._exit(1)  # pylint: disable=protected-access
+
+
+def _progress(*args: Any, **kwargs: Any) -> None:
+  print(*args, **kwargs, file=sys.stderr, flush=True)
 
 
 def _hms(seconds: float) -> str:
@@ -194,9 +199,13 @@ def run(
   timeout_s: float,
   retry_failed: bool = False,
   env: dict[str, str] | None = None,
-  out: Callable[..., None] = functools.partial(print, flush=True),
+  out: Callable[..., None] | None = None,
 ) -> int:
-  """Run the cells the store lacks; returns the number of cells that failed this time."""
+  """Run the cells the store lacks; returns the number of cells that failed this time.
+
+  `out` prints the progress lines (default: to stderr; the sweep's results are in the store).
+  """
+  out = out or _progress
   records, warning = store.read(store_path)
   if warning:
     out(warning)
@@ -279,72 +288,66 @@ def _tail(path: str, offset: int, lines: int = 8) -> str:
   return '\n'.join(text.strip().splitlines()[-lines:])
 
 
-def passthrough(f) -> list[str]:
+def passthrough(a: cli.Args) -> list[str]:
   """The flags of this command that every cell's process gets unchanged."""
   args = [
-    f'--steps={f.steps}',
-    f'--windows={f.windows}',
-    f'--warmup_steps={f.warmup_steps}',
-    f'--seed={f.seed}',
-    f'--max_examples={f.max_examples}',
-    f'--search_tolerance={f.search_tolerance}',
-    '--remat' if f.remat else '--noremat',
-    '--triton_gemm' if f.triton_gemm else '--notriton_gemm',
-    '--verify_predicted_oom' if f.verify_predicted_oom else '--noverify_predicted_oom',
+    f'--steps={a.steps}',
+    f'--windows={a.windows}',
+    f'--warmup_steps={a.warmup_steps}',
+    f'--seed={a.seed}',
+    f'--max_examples={a.max_examples}',
+    f'--search_tolerance={a.search_tolerance}',
+    '--remat' if a.remat else '--noremat',
+    '--triton_gemm' if a.triton_gemm else '--notriton_gemm',
+    '--verify_predicted_oom' if a.verify_predicted_oom else '--noverify_predicted_oom',
   ]
-  if f.autotune_level is not None:
-    args.append(f'--autotune_level={f.autotune_level}')
-  if getattr(f, 'probe_autotune_level', None) is not None:
-    args.append(f'--probe_autotune_level={f.probe_autotune_level}')
-  if f.compilation_cache_dir:
-    args.append(f'--compilation_cache_dir={f.compilation_cache_dir}')
-  if getattr(f, 'autotune_cache_dir', None):
-    args.append(f'--autotune_cache_dir={f.autotune_cache_dir}')
-  if getattr(f, 'search_resume', False):
+  if a.autotune_level is not None:
+    args.append(f'--autotune_level={a.autotune_level}')
+  if a.probe_autotune_level is not None:
+    args.append(f'--probe_autotune_level={a.probe_autotune_level}')
+  if a.compilation_cache_dir:
+    args.append(f'--compilation_cache_dir={a.compilation_cache_dir}')
+  if a.autotune_cache_dir:
+    args.append(f'--autotune_cache_dir={a.autotune_cache_dir}')
+  if a.search_resume:
     args.append('--search_resume')
-  if not getattr(f, 'run_every_fit', True):
+  if not a.run_every_fit:
     args.append('--norun_every_fit')
   return args
 
 
-def main(f, gpus: list[catalog.Gpu], fail: Callable[[str], None]) -> int:
-  """The sweep of parsed flags `f`; fail(message) reports a usage error (exit 2)."""
+def main(a: cli.Args, gpus: list[catalog.Gpu], fail: Callable[[str], None]) -> int:
+  """The sweep the command line `a` asks for; fail(message) reports a usage error (exit 2)."""
   from jaxbench.core import backend  # pylint: disable=g-import-not-at-top
 
   env = dict(os.environ)  # the cells start from the caller's environment
-  tiny = f.tiny if f.tiny is not None else backend.gpu_total_bytes() is None
+  tiny = a.tiny if a.tiny is not None else backend.gpu_total_bytes() is None
   # This process only plans and waits: importing the models must not claim the GPU.
   os.environ['JAX_PLATFORMS'] = 'cpu'
-  from jaxbench import cli
-  from models import precision  # pylint: disable=g-import-not-at-top
-
   try:
-    p = cli.plan(f)
+    p = cli.plan(a)
   except cli.UsageError as e:
     fail(str(e))
-  for name in f.precisions:
-    if name not in precision.POLICIES:
-      fail(f'unknown precision {name!r}; valid: {", ".join(precision.POLICIES)}')
   cells = plan(
     [(w.name, w.default_precision) for w in p.workloads],
     [g.name for g in gpus],
-    list(dict.fromkeys(f.precisions)) or None,
+    list(dict.fromkeys(a.precisions)) or None,
     tiny,
     p.options.overrides,
-    'predict' if f.predict else 'run',
+    'predict' if a.predict else 'run',
   )
-  if getattr(f, 'check', False):
+  if a.check:
     print(f'jaxbench: ok: the flags are valid for a sweep of {len(cells)} cells')
     return 0
   make = functools.partial(
     command,
-    store_path=os.path.abspath(f.store),
-    passthrough=passthrough(f),
-    hint_files=tuple(os.path.abspath(x) for x in f.search_hints),
+    store_path=os.path.abspath(a.store),
+    passthrough=passthrough(a),
+    hint_files=tuple(os.path.abspath(x) for x in a.search_hints),
   )
   try:
-    with store.Lock(f.store):
-      failed = run(cells, f.store, make, f.cell_timeout_s, f.retry_failed, env)
+    with store.Lock(a.store):
+      failed = run(cells, a.store, make, a.cell_timeout_s, a.retry_failed, env)
   except store.Busy as e:
     fail(str(e))
   return 1 if failed else 0

@@ -1,5 +1,10 @@
-"""Run a validated plan: each workload searched (or predicted), timed, reported, stored."""
+"""Run a validated plan: each workload searched (or predicted), timed, reported, stored.
 
+The progress of a run (each workload's header, each probe) goes to stderr; its results (the
+table and its notes, or the predictions) to stdout.
+"""
+
+import sys
 from typing import Any
 
 from jaxbench import cli
@@ -23,11 +28,14 @@ def run(
 ) -> int:
   """Returns the exit status: 0 when every result is ok or out of memory, else 1.
 
-  `target`: with --predict, the described GPU to compile for (jaxbench.deviceless).
+  `target`: with --predict, the described GPU to compile for (jaxbench.cards.deviceless).
   """
   predicting = req.kind == emulation.PREDICT
   gpu = req.gpus[0] if req.gpus and not predicting else None
-  results, log = [], lambda line: print(line, flush=True)
+  results = []
+
+  def log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
   def annotated(record: dict) -> dict:
     # A prediction's records carry their own card (predict annotates each one).
@@ -37,16 +45,12 @@ def run(
   if plan.progress_file:
     # The result so far, whole, replaced after each trial and change of phase, and removed
     # once the run has written its own: what a run killed before it could (a SIGKILL, a
-    # lost machine) had found; a prediction's, the card it is searching. scripts/gpu_queue.py
-    # appends it to the results of such a job.
+    # lost machine) had found; a prediction's, the card it is searching.
     def checkpoint(record: dict) -> None:
       report.replace_json(plan.progress_file, annotated(record))
 
   for w in plan.workloads:
-    print(
-      f'{w.name}: {_what(predicting, options, target)}{" (tiny preset)" if options.tiny else ""}',
-      flush=True,
-    )
+    log(f'{w.name}: {_what(predicting, options, target)}{" (tiny preset)" if options.tiny else ""}')
     try:
       if predicting:
         produced = predict.predict(
@@ -65,9 +69,14 @@ def run(
       if plan.output:
         report.append_jsonl(plan.output, result)
       report.discard(plan.progress_file)
-      print(report.notes([result]) if not predicting else predict.line(result), flush=True)
+      if predicting:
+        print('\n'.join(predict.line(r) for r in [*results, result]), flush=True)
+      else:
+        print(report.notes([result]), flush=True)
       raise
-  if not predicting:
+  if predicting:  # each was logged as it was found; here they are the command's output
+    print('\n'.join(predict.line(r) for r in results), flush=True)
+  else:
     print()
     print(report.table(results))
     print(report.notes(results))
