@@ -2,6 +2,10 @@
 
 import csv
 import os
+import shlex
+import shutil
+import subprocess
+import sys
 
 import matplotlib.image
 import pytest
@@ -11,6 +15,8 @@ from jaxbench.cards import catalog
 from jaxbench.results import measured, render, tables
 from jaxbench.results import records as report
 from models import registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _result(workload, gpu, max_batch, units_per_s=None, mode='run', status='ok', precision='fp32'):
@@ -278,3 +284,51 @@ def test_the_page_leads_with_the_measured_runs_and_ends_with_the_command_that_re
     rows = list(csv.reader(f))
   assert rows[0] == measured.HEADER
   assert ['bert_base', 'fp32', 'full', '1,176 sequences'] in [r[:4] for r in rows]
+
+
+def _csv(path) -> list[list[str]]:
+  with open(path) as f:
+    return list(csv.reader(f))
+
+
+def _registry_free(page: str, table: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+  """The page and the measured CSV without the form and command columns, which follow today's
+  workloads (tests/test_measured.py checks them) rather than the results."""
+  lines = page.splitlines()
+  i = lines.index(f'### {measured.TITLE}') + 2
+  while lines[i].startswith('|'):
+    lines[i] = lines[i].rsplit(' | ', 2)[0]
+    i += 1
+  return lines, [r[:-2] for r in table]
+
+
+@pytest.mark.slow
+def test_docs_results_is_what_its_own_command_renders(tmp_path):
+  """docs/results/README.md names the command that renders it; run in a copy of the stores, the
+  command writes the same page and CSV files."""
+  docs = os.path.join(ROOT, 'docs', 'results')
+  page = open(os.path.join(docs, 'README.md')).read()
+  command = page.rstrip().splitlines()[-1].split('`')[1]
+  argv = shlex.split(command)
+  assert argv[:3] == ['python', '-m', 'jaxbench.report_main']
+  copy = tmp_path / 'docs' / 'results'
+  copy.mkdir(parents=True)
+  for name in os.listdir(docs):
+    if name.endswith('.jsonl'):
+      shutil.copy(os.path.join(docs, name), copy / name)
+  done = subprocess.run(
+    [sys.executable, *argv[1:]],
+    cwd=tmp_path,
+    env={**os.environ, 'PYTHONPATH': ROOT, 'JAX_PLATFORMS': 'cpu'},
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert done.returncode == 0, done.stderr
+  for name in os.listdir(docs):
+    if name.endswith('.csv') and name != 'measured.csv':
+      assert (copy / name).read_text() == open(os.path.join(docs, name)).read(), name
+  fresh = _registry_free((copy / 'README.md').read_text(), _csv(copy / 'measured.csv'))
+  assert fresh == _registry_free(page, _csv(os.path.join(docs, 'measured.csv'))), (
+    f'docs/results is not what its results render: run {command}'
+  )
