@@ -9,7 +9,6 @@ the same cell the later file's result wins.
 
 import functools
 import os
-import sys
 
 from absl import app, flags
 
@@ -19,50 +18,16 @@ from jaxbench import cli
 
 flags.adopt_module_key_flags(report_flags)  # what --helpshort lists, with --store:
 flags.declare_key_flag('store')
-ORDER = ('max_batch', 'throughput', 'normalized', 'summary', 'prediction', 'forecast')
 
 
 _fail = functools.partial(cli.fail, 'jaxbench.report')
 
 
 def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[str]:
-  """Render the store(s) into out_dir: report.md, one CSV per table, PNG charts; the paths."""
-  from jaxbench.results import (
-    published,
-    render,
-    store,
-    tables,  # pylint: disable=g-import-not-at-top
-  )
+  """Render the store(s) into out_dir (jaxbench.results.render.write); the paths written."""
+  from jaxbench.results import render  # pylint: disable=g-import-not-at-top
 
-  if isinstance(store_paths, str):
-    store_paths = [store_paths]
-  records = []
-  for path in store_paths:
-    more, warning = store.read(path)
-    if warning:
-      print(warning, file=sys.stderr)
-    records += more
-  data = tables.collect(records)
-  built = render.build_tables(data, reference, records)
-  os.makedirs(out_dir, exist_ok=True)
-  paths = []
-  for name in ORDER:
-    paths.append(os.path.join(out_dir, f'{name}.csv'))
-    with open(paths[-1], 'w') as f:
-      f.write(built[name].csv())
-  pngs = render.charts(data, reference, out_dir)
-  md = [
-    f'# jaxbench sweep: {", ".join(os.path.basename(p) for p in store_paths)}',
-    '',
-    f'{len(data.records)} results; published figures: {published.SOURCE}.',
-    '',
-  ]
-  md += [built[name].markdown() + '\n' for name in ORDER]
-  md += [f'![{os.path.basename(p)}]({os.path.basename(p)})' for p in pngs]
-  paths.append(os.path.join(out_dir, 'report.md'))
-  with open(paths[-1], 'w') as f:
-    f.write('\n'.join(md) + '\n')
-  return paths + pngs
+  return render.write(store_paths, out_dir, reference)
 
 
 def main(argv: list[str]) -> int:

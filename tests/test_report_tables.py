@@ -2,14 +2,21 @@
 
 import csv
 import os
+import shlex
+import shutil
+import subprocess
+import sys
 
 import matplotlib.image
 import pytest
 
 from jaxbench import report_main
 from jaxbench.cards import catalog
+from jaxbench.results import measured, render, tables
 from jaxbench.results import records as report
-from jaxbench.results import render, tables
+from models import registry
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _result(workload, gpu, max_batch, units_per_s=None, mode='run', status='ok', precision='fp32'):
@@ -178,13 +185,14 @@ def test_report_command_writes_markdown_csv_and_pngs_that_open(tmp_path):
   names = sorted(os.path.basename(p) for p in paths)
   assert names == sorted(
     [
+      'measured.csv',
       'max_batch.csv',
       'throughput.csv',
       'normalized.csv',
       'summary.csv',
       'prediction.csv',
       'forecast.csv',
-      'report.md',
+      'README.md',
       'max_batch.png',
       'throughput.png',
       'normalized.png',
@@ -200,7 +208,7 @@ def test_report_command_writes_markdown_csv_and_pngs_that_open(tmp_path):
   assert ['bert_base', 'emulated fp32', '8'] == rows[
     [r[:2] for r in rows].index(['bert_base', 'emulated fp32'])
   ][:3]
-  md = open(os.path.join(out, 'report.md')).read()
+  md = open(os.path.join(out, 'README.md')).read()
   assert '### Largest batch before OOM' in md and '![max_batch.png](max_batch.png)' in md
   assert 'mean absolute error 12.5%' in md
 
@@ -217,11 +225,110 @@ def test_report_reads_several_files_in_order(tmp_path):
     rows = list(csv.reader(f))
   assert ['bert_base', 'fp32', 'RTX 2060', 'deviceless', '9', '9', '+0.0%'] in rows
   assert ['bert_base', 'fp32', 'RTX 2060', 'on the GPU', '10', '9', '+11.1%'] in rows
-  md = open(os.path.join(out, 'report.md')).read()
-  assert md.startswith('# jaxbench sweep: a.jsonl, b.jsonl')
+  md = open(os.path.join(out, 'README.md')).read()
+  assert '[a.jsonl](../a.jsonl), [b.jsonl](../b.jsonl) (9 results)' in md.splitlines()[2]
 
 
 def test_a_raw_memory_size_shows_as_its_card():
   assert tables.display('mem_133.6gb') == '133.6 GB card'
   assert tables.display('titan_rtx') == 'Titan RTX'
   assert tables.display('mem_nonsense') == 'mem_nonsense'
+
+
+def _full_memory_run():
+  """bert_base fp32 at the H200's full pool, as its result recorded it (search trials left out)."""
+  return {
+    **_result('bert_base', 'h200', 1176, 623.6256470311966),
+    'emulation': None,
+    'workload_revision': 1,
+    'config': dict(registry.get('bert_base').config),
+    'device': {'count': 1, 'kind': 'NVIDIA H200', 'platform': 'gpu', 'pool_bytes': 142606336000},
+    'memory': {'limit_bytes': None, 'remat': False},
+    'jax_version': '0.11.2',
+    'timestamp': '2026-11-29T22:45:11+00:00',
+    'xla_flags': '--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=rematerialization',
+    'search': {'mode': 'search', 'trials': []},
+    'measurement': {
+      'units_per_s': 623.6256470311966,
+      'median_step_s': 1.8857,
+      'spread_pct': 0.22,
+      'tflops_per_s': 43.6,
+      'warmup_steps': 2,
+      'steps_per_window': 2,
+      'window_step_s': [1.8857] * 5,
+    },
+  }
+
+
+def test_the_page_leads_with_the_measured_runs_and_ends_with_the_command_that_renders_it(
+  tmp_path,
+):
+  path = str(tmp_path / 'h200.jsonl')
+  for r in FIXTURE + [_full_memory_run()]:
+    report.append_jsonl(path, r)
+  out = str(tmp_path / 'page')
+  render.write([path], out, 'rtx_2060')
+  md = open(os.path.join(out, 'README.md')).read()
+  assert md.index('## Measured runs') < md.index('## The 2020 cards') < md.index('### Largest')
+  assert (
+    '| bert_base | fp32 | full | 1,176 sequences | 623.6 sequences/s | 1,885.7 (±0.1%) | 43.6 '
+    '| 2026-11-29 | 0.11.2 |  | `python -m jaxbench.main --model=bert_base --precision=fp32 '
+    '--warmup_steps=2 --steps=10 --windows=5` |'
+  ) in md
+  assert '| bert_base | fp32 | RTX 2060 | 8 sequences | 68.0 sequences/s |' in md  # emulated
+  assert 'Measured on NVIDIA H200 (142.6 GB pool at full memory) with JAX 0.11.2' in md
+  assert md.rstrip().endswith(
+    f'`python -m jaxbench.report_main --store={path} --out={out} --reference_gpu=rtx_2060`.'
+  )
+  with open(os.path.join(out, 'measured.csv')) as f:
+    rows = list(csv.reader(f))
+  assert rows[0] == measured.HEADER
+  assert ['bert_base', 'fp32', 'full', '1,176 sequences'] in [r[:4] for r in rows]
+
+
+def _csv(path) -> list[list[str]]:
+  with open(path) as f:
+    return list(csv.reader(f))
+
+
+def _registry_free(page: str, table: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+  """The page and the measured CSV without the form and command columns, which follow today's
+  workloads (tests/test_measured.py checks them) rather than the results."""
+  lines = page.splitlines()
+  i = lines.index(f'### {measured.TITLE}') + 2
+  while lines[i].startswith('|'):
+    lines[i] = lines[i].rsplit(' | ', 2)[0]
+    i += 1
+  return lines, [r[:-2] for r in table]
+
+
+@pytest.mark.slow
+def test_docs_results_is_what_its_own_command_renders(tmp_path):
+  """docs/results/README.md names the command that renders it; run in a copy of the stores, the
+  command writes the same page and CSV files."""
+  docs = os.path.join(ROOT, 'docs', 'results')
+  page = open(os.path.join(docs, 'README.md')).read()
+  command = page.rstrip().splitlines()[-1].split('`')[1]
+  argv = shlex.split(command)
+  assert argv[:3] == ['python', '-m', 'jaxbench.report_main']
+  copy = tmp_path / 'docs' / 'results'
+  copy.mkdir(parents=True)
+  for name in os.listdir(docs):
+    if name.endswith('.jsonl'):
+      shutil.copy(os.path.join(docs, name), copy / name)
+  done = subprocess.run(
+    [sys.executable, *argv[1:]],
+    cwd=tmp_path,
+    env={**os.environ, 'PYTHONPATH': ROOT, 'JAX_PLATFORMS': 'cpu'},
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
+  assert done.returncode == 0, done.stderr
+  for name in os.listdir(docs):
+    if name.endswith('.csv') and name != 'measured.csv':
+      assert (copy / name).read_text() == open(os.path.join(docs, name)).read(), name
+  fresh = _registry_free((copy / 'README.md').read_text(), _csv(copy / 'measured.csv'))
+  assert fresh == _registry_free(page, _csv(os.path.join(docs, 'measured.csv'))), (
+    f'docs/results is not what its results render: run {command}'
+  )

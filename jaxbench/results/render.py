@@ -1,6 +1,7 @@
-"""The report's files: Markdown and CSV tables (from jaxbench.tables) and PNG bar charts."""
+"""The report's files: one Markdown page (README.md), a CSV per table, PNG bar charts."""
 
 import os
+import sys
 from typing import Any
 
 import matplotlib
@@ -9,12 +10,18 @@ matplotlib.use('Agg')  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
 
 from jaxbench.cards import catalog
-from jaxbench.results import (
+from jaxbench.results import (  # noqa: E402
   forecast,
+  measured,
   published,
   store,
-  tables,  # noqa: E402
+  tables,
 )
+
+# The tables of the 2020 cards, in the page's order, after the measured runs.
+ORDER = ('max_batch', 'throughput', 'normalized', 'summary', 'prediction', 'forecast')
+INDEX = 'README.md'
+DEFAULT_REFERENCE = 'quadro_rtx_8000'
 
 EMULATION_NOTE = (
   'Emulated rows ran on the host GPU named in the results with XLA\'s allocator capped at the '
@@ -242,3 +249,70 @@ def forecast_table(records: list[dict[str, Any]]) -> tables.Table:
       )
     ],
   )
+
+
+def read(store_paths: list[str]) -> list[dict[str, Any]]:
+  """The results of each store in order; a line that is not a whole result is reported once on
+  stderr and skipped (store.read)."""
+  out = []
+  for path in store_paths:
+    more, warning = store.read(path)
+    if warning:
+      print(warning, file=sys.stderr)
+    out += more
+  return out
+
+
+def command(store_paths: list[str], out_dir: str, reference: str) -> str:
+  """The report command that renders these stores into out_dir again."""
+  line = f'python -m jaxbench.report_main --store={",".join(store_paths)} --out={out_dir}'
+  return line + ('' if reference == DEFAULT_REFERENCE else f' --reference_gpu={reference}')
+
+
+def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[str]:
+  """Render the store(s) into out_dir: README.md (the measured runs, then the 2020 cards' tables
+  beside the published figures, the charts and the command that renders it again), one CSV per
+  table and the PNG charts; the paths written."""
+  if isinstance(store_paths, str):
+    store_paths = [store_paths]
+  records = read(store_paths)
+  data = tables.collect(records)
+  built = {'measured': measured.table(records), **build_tables(data, reference, records)}
+  os.makedirs(out_dir, exist_ok=True)
+  paths = []
+  for name in ('measured',) + ORDER:
+    paths.append(os.path.join(out_dir, f'{name}.csv'))
+    with open(paths[-1], 'w') as f:
+      f.write(built[name].csv())
+  pngs = charts(data, reference, out_dir)
+  names = [os.path.basename(p) for p in store_paths]
+  links = ', '.join(f'[{n}]({os.path.relpath(p, out_dir)})' for n, p in zip(names, store_paths))
+  md = [
+    '# jaxbench results',
+    '',
+    f'{measured.measured_on(records)} Rendered from {links} ({len(records)} results), every '
+    'table also as CSV beside this page.',
+    '',
+    '## Measured runs',
+    '',
+    built['measured'].markdown(),
+    '',
+    '## The 2020 cards',
+    '',
+    f'Max batch and throughput on the 2020 benchmark\'s cards, emulated or predicted, beside the '
+    f'published figures ({published.SOURCE}).',
+    '',
+  ]
+  md += [built[name].markdown() + '\n' for name in ORDER]
+  md += [f'![{os.path.basename(p)}]({os.path.basename(p)})' for p in pngs]
+  md += [
+    '',
+    '## Rendering',
+    '',
+    'This page, its CSV files and its charts are rendered from the results files named at the '
+    f'top, from the repository\'s root, by `{command(store_paths, out_dir, reference)}`.',
+  ]
+  paths.append(os.path.join(out_dir, INDEX))
+  with open(paths[-1], 'w') as f:
+    f.write('\n'.join(md) + '\n')
+  return paths + pngs

@@ -25,6 +25,7 @@ class Table:
   header: list[str]
   rows: list[list[str]]
   notes: list[str] = dataclasses.field(default_factory=list)
+  code: tuple[str, ...] = ()  # columns whose cells the Markdown shows as code (commands)
 
   def markdown(self) -> str:
     lines = [
@@ -33,7 +34,11 @@ class Table:
       '| ' + ' | '.join(self.header) + ' |',
       '|' + '|'.join('---' for _ in self.header) + '|',
     ]
-    lines += ['| ' + ' | '.join(r) + ' |' for r in self.rows]
+    code = [h in self.code for h in self.header]
+    lines += [
+      '| ' + ' | '.join(f'`{c}`' if c and as_code else c for c, as_code in zip(r, code)) + ' |'
+      for r in self.rows
+    ]
     return '\n'.join(lines + [''] + [f'- {n}' for n in self.notes])
 
   def csv(self) -> str:

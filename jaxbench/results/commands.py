@@ -1,0 +1,138 @@
+"""The command that reproduces a result, rebuilt from its fields, and what the recorded program
+had that today's workload does not (an earlier form: another revision, config keys or values).
+
+Results do not store their command line. The command runs the recorded configuration today as
+nearly as today's workload can: the recorded overrides it accepts, and --set for each recorded
+config value that differs from today's default (a default changed since); what it cannot set is
+what earlier_form names.
+"""
+
+import json
+from typing import Any
+
+from jaxbench.cards import catalog
+from jaxbench.core import hints
+from jaxbench.results import records, store
+from models import registry
+
+
+def _workload(name: str):
+  try:
+    return registry.get(name)
+  except KeyError:
+    return None
+
+
+def _plain(value: Any) -> Any:
+  """A value as JSON gives it back (tuples as lists), so recorded and current configs compare."""
+  return json.loads(json.dumps(value, default=str))
+
+
+def _accepted(w, tiny: bool, sets: dict[str, str]) -> dict[str, Any] | None:
+  try:
+    return w.resolve(tiny, sets)
+  except (ValueError, TypeError):
+    return None
+
+
+def _settable(value: Any) -> bool:
+  # --set converts its text to the default's type: bool('False') would be True.
+  return isinstance(value, (str, int, float)) and not isinstance(value, bool)
+
+
+def _today(r: dict[str, Any]):
+  """The --set pairs under which today's workload runs the record's configuration as nearly as
+  it can, and the configuration that gives: the record's overrides that today's workload
+  accepts, then each other recorded key whose value differs from today's and is accepted."""
+  w = _workload(r['workload'])
+  if w is None:
+    return None, [(str(k), str(v)) for k, v in r.get('overrides') or []], None
+  tiny = bool(r.get('tiny'))
+  sets: dict[str, str] = {}
+  for key, value in r.get('overrides') or []:
+    if _accepted(w, tiny, {**sets, key: value}) is not None:
+      sets[key] = value
+  config = hints.config_of(r) or {}
+  current = _plain(w.resolve(tiny, sets))
+  for key in sorted(config):
+    value = config[key]
+    if key in current and current[key] != _plain(value) and _settable(value):
+      if _accepted(w, tiny, {**sets, key: str(value)}) is not None:
+        sets[key] = str(value)
+  return w, list(sets.items()), _plain(w.resolve(tiny, sets))
+
+
+def earlier_form(r: dict[str, Any]) -> str | None:
+  """What the recorded program had that today's workload, under command_of's --set flags, does
+  not: another revision, config keys today's workload lacks or values it no longer takes.
+  None where the command runs the recorded program today."""
+  w, _, current = _today(r)
+  if w is None:
+    return f'earlier form: {r["workload"]} is not a workload today'
+  parts = []
+  if store.revision(r) != w.revision:
+    parts.append(f'revision {store.revision(r)}')
+  config = hints.config_of(r) or {}
+  for key in sorted(config):
+    if key not in current or current[key] != _plain(config[key]):
+      parts.append(f'{key}={config[key]}')
+  return 'earlier form: ' + '; '.join(parts) if parts else None
+
+
+def _compile_for(kind: str) -> str:
+  try:
+    return catalog.by_display(kind.removeprefix('NVIDIA ')).name
+  except catalog.CatalogError:
+    return kind
+
+
+def command_of(r: dict[str, Any]) -> str:
+  """The python -m jaxbench.main command that reproduces a result, from its fields: workload,
+  precision, preset, config (--set), memory, batch, timing, search and compiler settings.
+
+  Flags that do not change what is measured (output files, caches, search hints) are left out;
+  precision and timing are given even at their defaults, which may change."""
+  args = ['python', '-m', 'jaxbench.main', f'--model={r["workload"]}']
+  args.append(f'--precision={r["precision"]}')
+  if r.get('tiny'):
+    args.append('--tiny')
+  args += [f'--set={k}={v}' for k, v in _today(r)[1]]
+  emu = r.get('emulation') or {}
+  memory = r.get('memory') or {}
+  if emu.get('gpu', '').startswith('mem_'):
+    args.append(f'--memory_gb={emu["memory_gb"]:g}')
+  elif emu.get('gpu'):
+    args.append(f'--gpu={emu["gpu"]}')
+  elif memory.get('limit_bytes'):
+    args.append(f'--memory_limit_gb={memory["limit_bytes"] / 1e9:g}')
+  if memory.get('remat'):
+    args.append('--remat')
+  device = r.get('device') or {}
+  search = r.get('search') or {}
+  if r.get('mode') == 'predict':
+    args.append('--predict')
+    if device.get('deviceless'):
+      args.append(f'--compile_for={_compile_for(device.get("kind", ""))}')
+  if search.get('mode') == 'fixed':
+    args.append(f'--batch_size={r["max_batch"]}')
+  if search.get('capped'):
+    args.append(f'--max_examples={r["max_examples"]}')
+  if search.get('tolerance'):
+    args.append(f'--search_tolerance={search["tolerance"]:g}')
+  probes = {t.get('autotune_level') for t in search.get('trials') or []} - {None}
+  if len(probes) == 1:
+    args.append(f'--probe_autotune_level={probes.pop()}')
+  if search.get('run_every_fit') is False:
+    args.append('--norun_every_fit')
+  level = records.autotune_level(r)
+  if level is not None:
+    args.append(f'--autotune_level={level}')
+  if 'xla_flags' in r and '--xla_gpu_enable_triton_gemm=false' not in (r['xla_flags'] or ''):
+    args.append('--triton_gemm')
+  m = r.get('measurement') or {}
+  windows = len(m.get('window_step_s') or [])
+  if m.get('warmup_steps') is not None:
+    args.append(f'--warmup_steps={m["warmup_steps"]}')
+  if windows and m.get('steps_per_window'):
+    args += [f'--steps={m["steps_per_window"] * windows}', f'--windows={windows}']
+  return ' '.join(args)

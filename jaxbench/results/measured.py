@@ -1,0 +1,175 @@
+"""Measured runs as one table: a row per program, batch and memory, with the command that
+reproduces it and, where today's workload runs another program, what the recorded one had."""
+
+import json
+from typing import Any, Iterable
+
+from jaxbench.cards import catalog
+from jaxbench.core import hints
+from jaxbench.results import commands, published, records, store, tables
+
+FULL = 'full'
+TITLE = 'The latest run of each program, memory and batch'
+PRECISIONS = ('fp32', 'tf32', 'bf16', 'fp16')
+HEADER = [
+  'workload',
+  'precision',
+  'memory',
+  'max batch',
+  'throughput',
+  'step ms',
+  'TFLOP/s',
+  'date',
+  'JAX',
+  'form',
+  'command',
+]
+NOTES = [
+  'memory: "full" is the allocator\'s pool, 95% of the GPU; "N GB" is --memory_limit_gb=N, the '
+  'pool capped on the same GPU; a card\'s name is that card emulated (--gpu: the pool capped at '
+  'its memory less what the driver and CUDA context take): its max batch is the card\'s, its '
+  'throughput the measuring GPU\'s at that batch.',
+  'max batch: the largest batch that fits, in the workload\'s unit (tokens = max_tokens for '
+  'translation), exact unless the search stopped within a tolerance (--search_tolerance); '
+  '"fixed N": a batch given with --batch_size, no search; "≥N": every batch up to '
+  '--max_examples fitted.',
+  'step ms: the median of the timed windows\' mean step, ± half the spread between the fastest '
+  'and the slowest window; TFLOP/s: the workload\'s counted training FLOPs per step over that '
+  'median.',
+  'form: empty where the command runs the recorded program today; "earlier form" names what the '
+  'recorded program had that today\'s workload does not (its revision, config keys or values), '
+  'which the command ran as of that revision.',
+]
+
+
+def is_measured(r: dict[str, Any]) -> bool:
+  """A completed run that timed steps: not a prediction, not a failure, not a search cut short."""
+  return (
+    r.get('mode', 'run') == 'run'
+    and r.get('status') == 'ok'
+    and not (r.get('device') or {}).get('deviceless')
+    and (r.get('measurement') or {}).get('units_per_s') is not None
+  )
+
+
+def memory_of(r: dict[str, Any]) -> str:
+  """Where the run's memory came from: the full pool, a --memory_limit_gb cap, or a card."""
+  gpu = (r.get('emulation') or {}).get('gpu')
+  if gpu:
+    return tables.display(gpu)
+  limit = (r.get('memory') or {}).get('limit_bytes')
+  return FULL if not limit else f'{limit / 1e9:g} GB'
+
+
+def _fixed(r: dict[str, Any]) -> bool:
+  return (r.get('search') or {}).get('mode') == 'fixed'
+
+
+def _key(r: dict[str, Any]) -> tuple:
+  """A row: the program (workload, revision, precision, preset, configuration, autotuning), the
+  memory and the batch (a search's, or a fixed one); a later result of the same row replaces it."""
+  return (
+    r['workload'],
+    store.revision(r),
+    r['precision'],
+    bool(r.get('tiny')),
+    json.dumps(hints.config_of(r), sort_keys=True, default=str),
+    records.autotune_level(r),
+    memory_of(r),
+    r['max_batch'] if _fixed(r) else None,
+  )
+
+
+def latest(results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+  """The last measured result of each row, in the table's order: the 2020 workload order,
+  precision, memory (full, caps from the largest, then cards in catalog order), search before
+  fixed batches (largest first), then date."""
+  rows: dict[tuple, dict[str, Any]] = {}
+  for r in results:
+    if is_measured(r):
+      rows[_key(r)] = r
+  order = published.workloads()
+  cards = catalog.names()
+
+  def sort_key(r):
+    w, p, gpu = r['workload'], r['precision'], (r.get('emulation') or {}).get('gpu')
+    limit = (r.get('memory') or {}).get('limit_bytes') or 0
+    return (
+      order.index(w) if w in order else len(order),
+      w,
+      PRECISIONS.index(p) if p in PRECISIONS else len(PRECISIONS),
+      p,
+      (2, cards.index(gpu) if gpu in cards else len(cards)) if gpu else (bool(limit), -limit),
+      _fixed(r),
+      -r['max_batch'],
+      r.get('timestamp', ''),
+    )
+
+  return sorted(rows.values(), key=sort_key)
+
+
+def figure(value: float) -> str:
+  """A throughput with the digits that matter: 287,537, 2,763.9, 11.5 or 1.84."""
+  if value >= 10000:
+    return f'{value:,.0f}'
+  return f'{value:,.1f}' if value >= 10 else f'{value:.2f}'
+
+
+def _batch(r: dict[str, Any]) -> str:
+  unit = r['unit'][:-1] if r['max_batch'] == 1 and r['unit'].endswith('s') else r['unit']
+  n = f'{r["max_batch"]:,} {unit}'
+  if _fixed(r):
+    return f'fixed {n}'
+  if store.lower_bound(r):
+    return f'≥{n}'
+  tolerance = (r.get('search') or {}).get('tolerance')
+  return f'{n} (within {100 * tolerance:g}%)' if tolerance else n
+
+
+def row(r: dict[str, Any]) -> list[str]:
+  m = r['measurement']
+  step, spread, tflops = m.get('median_step_s'), m.get('spread_pct'), m.get('tflops_per_s')
+  step_ms = '' if step is None else f'{1e3 * step:,.1f}'
+  if step_ms and spread is not None:
+    step_ms += f' (±{spread / 2:.1f}%)'
+  return [
+    r['workload'],
+    r['precision'] + (' tiny' if r.get('tiny') else ''),
+    memory_of(r),
+    _batch(r),
+    f'{figure(m["units_per_s"])} {r["throughput_unit"]}',
+    step_ms,
+    '' if tflops is None else f'{tflops:.1f}',
+    (r.get('timestamp') or '')[:10],
+    r.get('jax_version') or '',
+    commands.earlier_form(r) or '',
+    commands.command_of(r),
+  ]
+
+
+def table(results: Iterable[dict[str, Any]]) -> tables.Table:
+  """The measured runs, one row each (the latest of a row), with the command of each."""
+  rows = [row(r) for r in latest(results)]
+  return tables.Table(TITLE, list(HEADER), rows, list(NOTES), code=('command',))
+
+
+def measured_on(results: Iterable[dict[str, Any]]) -> str:
+  """One line: the GPUs, the JAX versions and the dates of the measured runs (those they record)."""
+  shown = latest(results)
+  if not shown:
+    return 'No measured runs in these results.'
+  pools: dict[str, int] = {}
+  for r in shown:
+    device = r.get('device') or {}
+    if device.get('kind'):
+      pool = (device.get('pool_bytes') or 0) if memory_of(r) == FULL else 0
+      pools[device['kind']] = max(pools.get(device['kind'], 0), pool)
+  gpus = ', '.join(
+    f'{k} ({p / 1e9:.1f} GB pool at full memory)' if p else k for k, p in pools.items()
+  )
+  jax = ', '.join(sorted({r['jax_version'] for r in shown if r.get('jax_version')}))
+  dates = sorted(r['timestamp'][:10] for r in shown if r.get('timestamp'))
+  line = 'Measured' + (f' on {gpus}' if gpus else '') + (f' with JAX {jax}' if jax else '')
+  if dates:
+    line += f', {dates[0]}' + ('' if dates[0] == dates[-1] else f' to {dates[-1]}')
+  return f'{line}: {len(shown)} run' + ('s.' if len(shown) > 1 else '.')
