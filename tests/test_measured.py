@@ -10,10 +10,8 @@ import shlex
 import pytest
 from absl import flags
 
-from flags import run as run_flags  # noqa: F401  (defines the flags the commands give)
-from flags import search as search_flags
-from flags import sweep as sweep_flags  # noqa: F401
 from jaxbench import cli
+from jaxbench import main as entry  # defines every flag the commands give
 from jaxbench.cards import emulation
 from jaxbench.core import hints
 from jaxbench.results import commands, measured, records, store
@@ -176,7 +174,8 @@ def _parse(command: str):
   assert argv[:3] == ['python', '-m', 'jaxbench.main']
   FLAGS.unparse_flags()
   FLAGS(['jaxbench.main', *argv[3:]])
-  return emulation.request(FLAGS), cli.plan(FLAGS)
+  args = entry.read_args()
+  return args, emulation.request(args), cli.plan(args)
 
 
 def test_each_kept_results_command_parses_to_what_its_run_did():
@@ -187,7 +186,7 @@ def test_each_kept_results_command_parses_to_what_its_run_did():
   assert sum(map(measured.is_measured, kept)) > 40
   try:
     for r in kept:
-      req, plan = _parse(commands.command_of(r))
+      args, req, plan = _parse(commands.command_of(r))
       o, m, s = plan.options, r.get('measurement') or {}, r.get('search') or {}
       assert [w.name for w in plan.workloads] == [r['workload']]
       assert (o.precision, o.tiny) == (r['precision'], r['tiny'])
@@ -200,11 +199,11 @@ def test_each_kept_results_command_parses_to_what_its_run_did():
           assert req.limit_gb * 1e9 == pytest.approx(r['memory']['limit_bytes'], abs=1)
       else:
         limit = r['memory']['limit_bytes']
-        assert plan.memory_limit_gb == (None if limit is None else pytest.approx(limit / 1e9))
+        assert args.memory_limit_gb == (None if limit is None else pytest.approx(limit / 1e9))
       fixed = s['mode'] == 'fixed'
       assert o.batch_size == (r['max_batch'] if fixed else None)
       assert o.search_tolerance == (s.get('tolerance') or 0.0)
-      assert search_flags.AUTOTUNE_LEVEL.value == records.autotune_level(r)
+      assert args.autotune_level == records.autotune_level(r)
       if m:
         windows = len(m['window_step_s'])
         assert (o.warmup_steps, o.windows) == (m['warmup_steps'], windows)
@@ -229,17 +228,28 @@ def test_the_latest_run_of_a_row_wins_and_rows_keep_the_tables_order(toy):
   other = _run(config={**_run()['config'], 'resample': 'shifts'}, max_batch=150)
   failed = _run(status='interrupted', timestamp='2026-12-02T00:00:00+00:00')
   predicted = _run(mode='predict', measurement=None, timestamp='2026-12-02T00:00:00+00:00')
-  t = measured.table([search, card, fixed, capped, rerun, fp32, other, failed, predicted])
+  runs = [search, card, fixed, capped, rerun, fp32, other, failed, predicted]
+  t, rest = measured.table(runs), measured.others(runs)
+  # One row per workload, precision and memory: the search of today's default configuration.
   assert [(r[1], r[2], r[3]) for r in t.rows] == [
     ('fp32', 'full', '82 images (within 1%)'),
     ('bf16', 'full', '164 images'),
-    ('bf16', 'full', '150 images'),  # another config is another program: a row of its own
-    ('bf16', 'full', 'fixed 8 images'),
     ('bf16', '24 GB', '≥164 images'),
     ('bf16', 'Titan RTX', '164 images'),
   ]
   assert t.rows[1][4:9] == ['67.7 images/s', '2,423.6 (±0.2%)', '65.4', '2026-12-01', '0.11.2']
-  assert t.rows[2][9] == '' and '--set=resample=shifts' in t.rows[2][10]
+  # Every other measured run: another config is another program, a fixed batch another batch.
+  assert [(r[1], r[2], r[3]) for r in rest.rows] == [
+    ('bf16', 'full', '150 images'),
+    ('bf16', 'full', 'fixed 8 images'),
+  ]
+  assert rest.rows[0][9] == '' and '--set=resample=shifts' in rest.rows[0][10]
+  # Where no search ran, a fixed batch speaks for its workload, precision and memory.
+  alone = _run(precision='fp16', search={'mode': 'fixed', 'trials': []}, max_batch=8)
+  assert [(r[1], r[3]) for r in measured.table([alone, search]).rows] == [
+    ('bf16', '100 images'),
+    ('fp16', 'fixed 8 images'),
+  ]
   assert '| `python -m jaxbench.main --model=toy --precision=fp32 ' in t.markdown()
   assert (
     t.csv()

@@ -1,5 +1,7 @@
-"""Measured runs as one table: a row per program, batch and memory, with the command that
-reproduces it and, where today's workload runs another program, what the recorded one had."""
+"""Measured runs as two tables: the max batch and throughput of each workload, precision and
+memory, then every other measured run (fixed batches, other choices, earlier forms), each row with
+the command that reproduces it and, where today's workload runs another program, what the
+recorded one had."""
 
 import json
 from typing import Any, Iterable
@@ -9,7 +11,8 @@ from jaxbench.core import hints
 from jaxbench.results import commands, published, records, store, tables
 
 FULL = 'full'
-TITLE = 'The latest run of each program, memory and batch'
+TITLE = 'Max batch and throughput: one row per workload, precision and memory'
+OTHER_TITLE = 'Other measured runs: fixed batches, other choices, earlier forms'
 PRECISIONS = ('fp32', 'tf32', 'bf16', 'fp16')
 HEADER = [
   'workload',
@@ -147,10 +150,42 @@ def row(r: dict[str, Any]) -> list[str]:
   ]
 
 
+def _rank(r: dict[str, Any]) -> tuple:
+  """Which run speaks for its workload, precision and memory: a search before a fixed batch (which
+  speaks only where no search ran), then today's program, its default configuration (a command
+  without --set), XLA's own autotuning, and the latest."""
+  return (
+    not _fixed(r),
+    commands.earlier_form(r) is None,
+    '--set=' not in commands.command_of(r),
+    records.autotune_level(r) is None,
+    r.get('timestamp', ''),
+  )
+
+
+def split(results: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+  """The latest rows (latest()) parted in two, each in the table order: for each workload,
+  precision, preset and memory the run that speaks for it (_rank), and every other run."""
+  rows = latest(results)
+  best: dict[tuple, dict[str, Any]] = {}
+  for r in rows:
+    key = (r['workload'], r['precision'], bool(r.get('tiny')), memory_of(r))
+    if key not in best or _rank(r) > _rank(best[key]):
+      best[key] = r
+  chosen = {id(r) for r in best.values()}
+  return [r for r in rows if id(r) in chosen], [r for r in rows if id(r) not in chosen]
+
+
 def table(results: Iterable[dict[str, Any]]) -> tables.Table:
-  """The measured runs, one row each (the latest of a row), with the command of each."""
-  rows = [row(r) for r in latest(results)]
+  """The max batch and throughput of each workload, precision and memory, with its command."""
+  rows = [row(r) for r in split(results)[0]]
   return tables.Table(TITLE, list(HEADER), rows, list(NOTES), code=('command',))
+
+
+def others(results: Iterable[dict[str, Any]]) -> tables.Table:
+  """Every other measured run, the latest of each program, memory and batch, with its command."""
+  rows = [row(r) for r in split(results)[1]]
+  return tables.Table(OTHER_TITLE, list(HEADER), rows, [], code=('command',))
 
 
 def measured_on(results: Iterable[dict[str, Any]]) -> str:

@@ -277,10 +277,14 @@ def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[st
     store_paths = [store_paths]
   records = read(store_paths)
   data = tables.collect(records)
-  built = {'measured': measured.table(records), **build_tables(data, reference, records)}
+  built = {
+    'measured': measured.table(records),
+    'measured_other': measured.others(records),
+    **build_tables(data, reference, records),
+  }
   os.makedirs(out_dir, exist_ok=True)
   paths = []
-  for name in ('measured',) + ORDER:
+  for name in ('measured', 'measured_other') + ORDER:
     paths.append(os.path.join(out_dir, f'{name}.csv'))
     with open(paths[-1], 'w') as f:
       f.write(built[name].csv())
@@ -296,6 +300,8 @@ def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[st
     '## Measured runs',
     '',
     built['measured'].markdown(),
+    '',
+    built['measured_other'].markdown(),
     '',
     '## The 2020 cards',
     '',
