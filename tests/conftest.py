@@ -15,8 +15,8 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 @pytest.fixture
 def no_collection_after_a_failed_trial(request, monkeypatch):
-  """A failed trial ends in jaxbench.core.program.release(), a gc.collect(): a second or so in a test
-  worker whose heap holds the compiled programs of earlier tests, and a FakeProgram holds no
+  """A failed trial ends in jaxbench.core.program.release(), a gc.collect(): a second or so in a
+  test worker whose heap holds the compiled programs of earlier tests, and a FakeProgram holds no
   arrays. For the search and prediction tests (their `pytestmark`); a test marked `releases`
   (the one that checks what a failed trial leaves) keeps it."""
   if 'releases' not in request.keywords:
