@@ -1,1 +1,1 @@
-"""The twelve workloads of the 2020 GPU benchmark, one file per model family."""
+"""The twelve workloads of the 2020 GPU benchmark: one module or subpackage per model family."""

@@ -37,8 +37,8 @@ def test_remat_is_disabled_unless_asked_and_triton_gemm_off_by_default():
 
 def test_autotune_level_is_xlas_unless_given():
   code = (
-    'import os; from jaxbench.core import backend; backend.configure(None, False, autotune_level={}); '
-    'print(os.environ["XLA_FLAGS"])'
+    'import os; from jaxbench.core import backend; '
+    'backend.configure(None, False, autotune_level={}); print(os.environ["XLA_FLAGS"])'
   )
   assert 'autotune' not in _python(code.format(None))
   assert '--xla_gpu_autotune_level=1' in _python(code.format(1)).split()

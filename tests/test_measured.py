@@ -13,7 +13,6 @@ from absl import flags
 from jaxbench import cli
 from jaxbench import main as entry  # defines every flag the commands give
 from jaxbench.cards import emulation
-from jaxbench.core import hints
 from jaxbench.results import commands, measured, records, store
 from models import registry
 from models import workload as wl
@@ -120,11 +119,13 @@ def test_a_config_from_before_a_default_changed_is_set_in_the_command(toy):
   assert ' --set=lr=0.0005 --set=resample=shifts ' in commands.command_of(r)
 
 
-def test_keys_added_since_a_run_count_at_their_old_value(toy, monkeypatch):
-  monkeypatch.setitem(hints.ADDED_CONFIG_KEYS, 'toy', {'resample': 'shifts'})
+def test_a_key_added_since_a_run_is_left_at_todays_default(toy):
+  # A key that adds a choice keeps the program the run had; one that changes the default
+  # program raises the revision, which labels the run.
   r = _run(config={'width': 64, 'lr': 0.001})  # recorded before `resample` existed
-  assert '--set=resample=shifts' in commands.command_of(r)
+  assert '--set=resample' not in commands.command_of(r)
   assert commands.earlier_form(r) is None
+  assert commands.earlier_form({**r, 'workload_revision': 1}) == 'earlier form: revision 1'
 
 
 def test_a_workload_that_is_gone_is_labelled():
@@ -210,7 +211,7 @@ def test_each_kept_results_command_parses_to_what_its_run_did():
         assert o.steps == m['steps_per_window'] * windows
       if commands.earlier_form(r) is None:
         config = registry.get(r['workload']).resolve(o.tiny, dict(o.overrides))
-        recorded = hints.config_of(r)
+        recorded = r.get('config')
         assert json.loads(json.dumps({k: config[k] for k in recorded})) == recorded, r['workload']
   finally:
     FLAGS.unparse_flags()

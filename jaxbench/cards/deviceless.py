@@ -6,10 +6,9 @@ the GPU (jaxbench/data/targets/NAME.txtpb) and plans the program's memory as it 
 `--predict --compile_for=h200` thus gives the max-batch table from any machine, with no GPU
 time spent. One thing differs from a compile on the GPU: nothing is autotuned, so each matmul
 and convolution keeps XLA's default algorithm, and the workspace it plans for it can differ
-from the one the GPU's autotuner picks. Measured against the H200's own forecasts
-(docs/results/2026-11-30-h200-session5.md): BERT-base identical or within 3 KB at most batches,
-up to 29 MB below at others (2% at one sequence); yolov3 and deeplabv3 up to 152 MB off
-(0.06-0.11% near 142 GB).
+from the one the GPU's autotuner picks. Against an H200's own forecasts: BERT-base identical or
+within 3 KB at most batches, up to 29 MB below at others (2% at one sequence); yolov3 and
+deeplabv3 up to 152 MB off (0.06-0.11% near 142 GB).
 
 This module starts no JAX until `device` is called, so that flags can be checked first.
 """

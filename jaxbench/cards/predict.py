@@ -70,7 +70,7 @@ def predict(
   prediction killed in a long compile had found (its forecasts still aim and, resumed, decide).
   Interrupted (SIGINT), it raises bench.Interrupted with that record.
 
-  `target`: compile for this described GPU instead of the local device (jaxbench.deviceless).
+  `target`: compile for this described GPU instead of the local device (jaxbench.cards.deviceless).
   """
   policy = precision.get(opts.precision or w.default_precision)
   cfg = w.resolve(tiny=opts.tiny, overrides=dict(opts.overrides))

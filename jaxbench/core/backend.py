@@ -139,8 +139,8 @@ def configure(
     if autotune_cache_dir:
       # With a persistent compilation cache JAX points XLA's autotune cache into it
       # (DIR/xla_gpu_per_fusion_autotune_cache_dir, jax_persistent_cache_enable_xla_caches),
-      # over XLA_FLAGS: --autotune_cache_dir was ignored beside --compilation_cache_dir
-      # (sessions 12 and 13 found it empty after compiles that ended). Without it, the
-      # autotuning results go into the compilation cache's directory.
+      # over XLA_FLAGS. Turned off here, so that the autotuning results go to
+      # --autotune_cache_dir; left on, they go into the compilation cache's directory and
+      # --autotune_cache_dir stays empty.
       jax.config.update('jax_persistent_cache_enable_xla_caches', '')
   return MemorySetup(gpu_total_bytes=total, limit_bytes=limit, mem_fraction=fraction, remat=remat)

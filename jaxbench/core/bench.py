@@ -48,7 +48,7 @@ class Options:
 
 
 class Interrupted(KeyboardInterrupt):
-  """A run stopped by SIGINT (Ctrl-C, a queue's deadline), carrying what it had found.
+  """A run stopped by SIGINT (Ctrl-C, a job's deadline), carrying what it had found.
 
   The result has status 'interrupted': the search trials so far, and the max batch as the
   largest batch that ran (a lower bound while the search was still going).

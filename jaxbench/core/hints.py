@@ -15,12 +15,12 @@ it, and the reported batch is compiled and run again before it is timed.
 
 A forecast is a fact about the compiled program, not about the memory it ran under, so a
 compile-only prediction (--predict --search_resume) takes every earlier forecast of the same
-program compiled the same way (forecasts(), below) as known, at any card's cap: seen on the
-H200, each of 21 batches compiled a second time, in another session, under another cap or
-beside other compile jobs, forecast the same bytes (bert_base, deeplabv3, nasnet_large,
-mask_rcnn, pix2pixhd, yolov3; sessions 3-10). The exception to expect: a compile whose
-autotuner was refused the buffers it asked for (session 10: 12-32 GiB under a 35.7 GB share of
-the GPU, at full-memory image batches) may pick other algorithms, with other workspaces.
+program compiled the same way (forecasts(), below) as known, at any card's cap: on an H200, each
+of 21 batches compiled a second time, in another process, under another cap or beside other
+compile jobs, forecast the same bytes (bert_base, deeplabv3, nasnet_large, mask_rcnn, pix2pixhd,
+yolov3). The exception to expect: a compile whose autotuner is refused the buffers it asks for
+(12-32 GiB at full-memory image batches, under a 35.7 GB share of the GPU) may pick other
+algorithms, with other workspaces.
 """
 
 import dataclasses
@@ -49,27 +49,6 @@ def compiler_flags(xla_flags: str | None) -> str:
   return ' '.join(f for f in (xla_flags or '').split() if not _CACHE_FLAG.match(f))
 
 
-# Config keys a workload gained after results were recorded, with the value those results ran
-# with: a record without the key is the same program as one with this value, so its forecasts
-# keep aiming new searches. models/depthwise.py's choice came in session 13 (sessions 1-12 ran
-# XLA's cuDNN grouped convolution); stylegan's fused_impl and pix2pixhd's upsample in session 16
-# (earlier results ran XLA's transposed and strided convolutions).
-ADDED_CONFIG_KEYS = {
-  'deeplabv3': {'depthwise': 'cudnn'},
-  'nasnet_large': {'depthwise': 'cudnn'},
-  'pix2pixhd': {'upsample': 'transposed'},
-  'stylegan': {'depthwise': 'cudnn', 'fused_impl': 'dilated'},
-}
-
-
-def config_of(r: dict[str, Any]) -> dict[str, Any] | None:
-  """A result's configuration, with the keys added since it was recorded at their old value."""
-  config = r.get('config')
-  if config is None:
-    return None
-  return {**ADDED_CONFIG_KEYS.get(r.get('workload'), {}), **config}
-
-
 def program_key(r: dict[str, Any]) -> str:
   """What decides a result's compile-time forecasts, as one comparable string: its program and
   compiler (_SAME, the workload revision, the configuration, the XLA flags without cache
@@ -77,7 +56,7 @@ def program_key(r: dict[str, Any]) -> str:
   fields = {k: r.get(k) for k in _SAME}
   fields['revision'] = store.revision(r)
   fields['xla_flags'] = compiler_flags(r.get('xla_flags'))
-  fields['config'] = config_of(r)
+  fields['config'] = r.get('config')
   fields['kind'] = (r.get('device') or {}).get('kind')
   return json.dumps(fields, sort_keys=True, default=str)
 
@@ -117,8 +96,8 @@ def decided(paths: Iterable[str], head: dict[str, Any], budget: int | None) -> l
   against this run's `budget`: a trial that fitted, or was predicted out of memory, by its
   forecast under a budget a few bytes apart is dropped where the verdict would now differ.
   Trials that stopped with an error or were cut in their run decide nothing, nor do those of a
-  --predict (its fits never ran, and where compile-only jobs shared a GPU, an out-of-memory
-  compile was the neighbours' doing: session 9's call 2). Each trial's
+  --predict (its fits never ran, and where compile-only jobs share a GPU, an out-of-memory
+  compile may be the neighbours' doing). Each trial's
   `earlier` is its run's timestamp; where two runs disagree (the same batch, or a fit above a
   failure) the later run's trial wins and the earlier one is dropped, so what is returned is
   consistent: every fit below every failure.

@@ -4,7 +4,7 @@ happened (fits, out of memory at compile or run time, predicted out of memory, a
 
 An XLA RESOURCE_EXHAUSTED (or a cuDNN/cuBLAS allocation failure) at compile or run time marks a
 probe out of memory; any other exception is an error, never an out-of-memory. The search
-(jaxbench/search.py) decides which batches to probe.
+(jaxbench/core/search.py) decides which batches to probe.
 """
 
 import dataclasses

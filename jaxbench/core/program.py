@@ -78,7 +78,7 @@ class Program:
     seed: int = 0,
     target: Any = None,
   ):
-    """`target`: a device to compile for without running (jaxbench.deviceless), or None."""
+    """`target`: a device to compile for without running (jaxbench.cards.deviceless), or None."""
     self.workload, self.cfg, self.policy = workload, cfg, policy
     self.target = target
     self.trainer = workload.trainer(cfg, policy)

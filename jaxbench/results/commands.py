@@ -11,7 +11,6 @@ import json
 from typing import Any
 
 from jaxbench.cards import catalog
-from jaxbench.core import hints
 from jaxbench.results import records, store
 from models import registry
 
@@ -52,7 +51,7 @@ def _today(r: dict[str, Any]):
   for key, value in r.get('overrides') or []:
     if _accepted(w, tiny, {**sets, key: value}) is not None:
       sets[key] = value
-  config = hints.config_of(r) or {}
+  config = r.get('config') or {}
   current = _plain(w.resolve(tiny, sets))
   for key in sorted(config):
     value = config[key]
@@ -72,7 +71,7 @@ def earlier_form(r: dict[str, Any]) -> str | None:
   parts = []
   if store.revision(r) != w.revision:
     parts.append(f'revision {store.revision(r)}')
-  config = hints.config_of(r) or {}
+  config = r.get('config') or {}
   for key in sorted(config):
     if key not in current or current[key] != _plain(config[key]):
       parts.append(f'{key}={config[key]}')

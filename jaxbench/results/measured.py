@@ -7,7 +7,6 @@ import json
 from typing import Any, Iterable
 
 from jaxbench.cards import catalog
-from jaxbench.core import hints
 from jaxbench.results import commands, published, records, store, tables
 
 FULL = 'full'
@@ -76,7 +75,7 @@ def _key(r: dict[str, Any]) -> tuple:
     store.revision(r),
     r['precision'],
     bool(r.get('tiny')),
-    json.dumps(hints.config_of(r), sort_keys=True, default=str),
+    json.dumps(r.get('config'), sort_keys=True, default=str),
     records.autotune_level(r),
     memory_of(r),
     r['max_batch'] if _fixed(r) else None,

@@ -56,7 +56,7 @@ class WeightNormConv1d(nn.Module):
   Computed as fairseq's ConvTBC computes it, with matrix products rather than a convolution
   kernel (`temporal_conv`): the FLOPs are the convolution's, the backward pass keeps only the
   input and the kernel, and XLA hands cuBLAS GEMMs instead of cuDNN convolutions (whose
-  autotuning took minutes per compile at large batches on the H200).
+  autotuning takes minutes per compile at large batches on an H200).
   """
 
   features: int
@@ -324,8 +324,9 @@ FCONV_WMT_EN_DE = wl.Workload(
     # Fixed sentence lengths, as transformer_big (see README "transformer_big").
     src_len=30,
     tgt_len=30,
-    # How the convolutions are computed (temporal_conv): the same model and FLOPs, different
-    # kernels and memory. 'gemm' is fairseq's ConvTBC way; 'xla' is cuDNN's convolution.
+    # How the convolutions are computed (models/conv_seq2seq/conv_tbc.py): the same model and
+    # FLOPs, different kernels and memory. 'gemm' is fairseq's ConvTBC way; 'xla' is cuDNN's
+    # convolution.
     conv_impl='gemm',
   ),
   tiny=dict(
@@ -340,7 +341,7 @@ FCONV_WMT_EN_DE = wl.Workload(
     dropout=0.1,
   ),
   trainer=wl.supervised(lambda cfg, dtype: FConv(cfg, dtype), make_batch, loss, optimizer),
-  # 2: the convolution's custom VJP (2026-11-30); 1 computed every tap's product at once.
+  # 2: the convolution keeps only its input and kernel for the backward pass (a custom VJP).
   revision=2,
   choices={'conv_impl': CONV_IMPLS},
   flops_per_example=flops_per_example,

@@ -229,12 +229,11 @@ DEEPLABV3_CONFIG = dict(
   total_steps=30000,
   momentum=0.9,
   weight_decay=4e-5,
-  # How the depthwise convolutions are computed (models/depthwise.py): XLA's cuDNN grouped
-  # convolution ('cudnn'), shifted sums in XLA fusions ('shifts': little to autotune; on the H200
-  # deeplabv3 bf16 steps slower at 8 images, 95.3 against 159.2 images/s, and faster at its full
-  # 166, 129.2 against 103.9), or cuDNN with the weight gradient as one reduction per tap
-  # ('cudnn_tap_wgrad': deeplabv3 bf16 at 8 images 169.3 images/s and a 65.0 s compile, against
-  # cuDNN's 159.2 and 130.7 s; not yet run at full memory).
+  # How the depthwise convolutions are computed (models/layers/depthwise.py): XLA's cuDNN
+  # grouped convolution ('cudnn') or shifted sums in XLA fusions ('shifts', nothing to autotune).
+  # On an H200 in bf16, cuDNN steps faster at 8 images (159.2 against 95.3 images/s) and slower
+  # at the full-memory 166 (103.9 against 129.2), where its autotuning makes the search 1,417 s
+  # against 213 s.
   depthwise='cudnn',
 )
 DEEPLABV3_TINY = dict(

@@ -36,7 +36,7 @@ class ConvBN(nn.Module):
 
   A depthwise convolution (`depthwise=True`) is named so, which keeps it out of
   the weight decay as DeepLab's regularize_depthwise=False does; `depthwise_impl` says how it
-  is computed (models/depthwise.py).
+  is computed (models/layers/depthwise.py).
   """
 
   features: int

@@ -1,54 +1,29 @@
-"""Depthwise convolution: through cuDNN, as a sum of shifted, per-channel-scaled slices, or both.
+"""Depthwise convolution (one KxK filter per channel): through cuDNN, or as shifted sums.
 
-A depthwise KxK convolution (one filter per channel: feature_group_count equal to the channel
-count) does K*K multiply-adds per output element. XLA hands `lax.conv_general_dilated` with
-feature groups to cuDNN ('cudnn', the default), and on the H200 its autotuner times every cuDNN
-candidate at the step's own shapes. For bf16 depthwise weight gradients some candidates take
-seconds at 8 images and grow with the batch: deeplabv3 bf16's compile at 8 images spent 28 of
-its 37 s of measured candidate time on depthwise convolutions (session 11), and its compile at
-166 images outlasted 550 s (session 10).
+'cudnn' is lax.conv_general_dilated with feature_group_count equal to the channel count, which
+XLA hands to cuDNN's grouped convolution. On a GPU, XLA's autotuner times every cuDNN candidate
+at the step's own shapes; for bf16 depthwise weight gradients a candidate takes seconds, more at
+larger batches (deeplabv3 bf16 at 8 images spends 28 of its 37 s of candidate timing on them).
 
 'shifts' writes the convolution as K*K strided slices of the padded input, stacked on a minor
-axis, scaled by the taps and summed in float32: XLA fusions with nothing to autotune. Measured
-on the H200 in session 13 (docs/results/2026-12-01-h200-session13.md), it does what it was for
-and costs the step:
-- deeplabv3 bf16 at 8 images: 3.7 s of candidate time instead of 36.6 s, but 95.3 images/s
-  against cuDNN's 159.2 (session 11); at its full-memory 166 images the whole search, probes and
-  one autotuned compile, took 213 s (129.2 images/s);
-- scripts/diag_depthwise.py (eight 3x3-7x7 layers, 128 images of 42x42, a train step): 301 ms
-  in bf16 against cuDNN's 3.6 ms and 17.5 ms for session 8's one-product-per-tap version. So
-  the stacked layout costs most of it; my guess, not profiled, is the weight gradient's
-  reduction, whose minor tap axis strides the input by whole pixels.
-- nasnet_large bf16 (5x5 and 7x7 kernels): 369 images fit, at 35.4 images/s; through cuDNN,
-  360 images at 326.6 images/s (session 14);
-- stylegan bf16's blur (a fixed 3x3 filter, as two separable 3-tap passes) at 8 images: a 19.1 s
-  compile against cuDNN's 74.0 s, and 32.9 against 33.8 images/s (session 14);
-- a tap-major stacking (scripts/diag_depthwise.py's `tap_major`) steps in 28.7 ms on that
-  micro-benchmark, ten times faster than the minor stacking but still eight times slower than
-  cuDNN (session 14).
+axis, scaled by the taps and summed in float32: XLA fusions, with nothing to autotune.
 
-So 'cudnn' stays the default, and 'shifts' is for runs that cannot wait for cuDNN's autotuning.
-Its parameters are cuDNN's (the same tree, shapes and initial values) and its memory close to
-it (7.16 against 7.20 GB forecast for deeplabv3 bf16 at 8 images; at full memory 166 images, as
-the deviceless cuDNN forecast has it).
+Which wins depends on the model and the batch. On an H200 in bf16:
+- deeplabv3 at 8 images: 159.2 images/s through cuDNN, 95.3 with shifts;
+- deeplabv3 at its full-memory batch of 166 images: 103.9 images/s through cuDNN, 129.2 with
+  shifts (cuDNN's slowest kernels there are the depthwise weight gradients), and the whole
+  full-memory search takes 1,417 s through cuDNN against 213 s with shifts;
+- nasnet_large (5x5 and 7x7 kernels) at full memory: 326.6 images/s through cuDNN, 35.4 with
+  shifts;
+- stylegan's blur (a fixed 3x3 filter, models/stylegan/layers.py) at 8 images, with its
+  resampling convolutions in their transposed form: a 74.0 s compile through cuDNN against
+  19.1 s with shifts, at 33.8 against 32.9 images/s.
+'cudnn' is the default of deeplabv3 and nasnet_large, 'shifts' that of stylegan's blur; a
+workload's `depthwise` config key chooses.
 
-At full memory the picture turns for deeplabv3: at 166 images cuDNN steps in 1,597 ms (103.9
-images/s), the shifted sums in 1,285 ms (session 15). Its autotuning log there says why: the
-depthwise weight gradients. The slowest, entry flow block 1's strided `separable_conv3`, takes
-384 ms at its best candidate, and the five dilated layers' (exit flow block 2, the ASPP), which
-XLA writes as forward convolutions with a 33x33 window over a batch of one, take 67-113 ms each;
-timing their candidates took 454 s of the 552 s of candidate runs in that 1,264 s compile. The
-forward convolutions of the dilated layers take 10-18 ms.
-
-'cudnn_tap_wgrad' keeps cuDNN's forward and input gradient and computes the weight gradient as
-one multiply-and-reduce per tap: for tap (i, j), the sum over batch and output pixels of the
-tap's input window times the output gradient, in float32. Each is an XLA reduction fusion that
-reads the input and the gradient once, with nothing to autotune: for that 384 ms gradient, nine
-reads of its 2.8 GB input would take some 5 ms at the H200's 4.8 TB/s. That is an estimate: this
-form has run on a GPU only at 8 images (session 16: deeplabv3 bf16 169.3 images/s and a 65.0 s
-compile, against cuDNN's 159.2 and 130.7 s). The parameters, the forward values and the
-gradients are the grouped convolution's (tests/models/test_depthwise.py, and the whole of DeepLab
-in tests/models/test_deeplab.py).
+Both forms have nn.Conv's parameters (the same tree, shapes and initial values) and compute the
+same function and gradients (tests/models/test_depthwise.py); their memory is close (deeplabv3
+bf16 at 8 images forecasts 7.20 GB through cuDNN, 7.16 GB with shifts).
 """
 
 import functools
@@ -58,7 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-IMPLS = ('cudnn', 'shifts', 'cudnn_tap_wgrad')
+IMPLS = ('cudnn', 'shifts')
 _NHWC = ('NHWC', 'HWIO', 'NHWC')
 
 Padding = str | Sequence[tuple[int, int]]
@@ -94,8 +69,6 @@ def depthwise_conv(
   pads = _pads((h, w), k, stride, rate, padding)
   if impl == 'cudnn':
     return _grouped(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate)
-  if impl == 'cudnn_tap_wgrad':
-    return _grouped_tap_wgrad(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate)
   if impl != 'shifts':
     raise ValueError(f'depthwise impl must be one of {", ".join(IMPLS)}, got {impl!r}')
   return _shifted_sum(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate)
@@ -122,43 +95,9 @@ def _tap(xp, tap_i, tap_j, stride, rate, out_hw):
   return jax.lax.slice(xp, start, limit, (1, stride, stride, 1))
 
 
-# cuDNN's forward and input gradient, and the weight gradient as one reduction per tap: for tap
-# (i, j) and channel c, the sum over batch and output pixels of the tap's input window times the
-# output gradient, each a multiply-and-reduce fusion of XLA's that reads the input and the
-# gradient at the memory's speed, with nothing to autotune. The residuals are the input and the
-# kernel, as autodiff of the grouped convolution keeps.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _grouped_tap_wgrad(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate):
-  return _grouped(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate)
-
-
-def _grouped_tap_wgrad_fwd(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate):
-  y = _grouped(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate)
-  return y, (x_NxHxWxC, kernel_KxKx1xC)
-
-
-def _grouped_tap_wgrad_bwd(stride, pads, rate, residuals, dy_NxHoxWoxC):
-  x, kernel = residuals
-  _, input_vjp = jax.vjp(lambda x: _grouped(x, kernel, stride, pads, rate), x)
-  (dx,) = input_vjp(dy_NxHoxWoxC)
-  k = kernel.shape[0]
-  xp = jnp.pad(x, ((0, 0), pads[0], pads[1], (0, 0)))
-  dy = dy_NxHoxWoxC.astype(jnp.float32)
-  taps = [
-    jnp.sum(_tap(xp, i, j, stride, rate, dy.shape[1:3]).astype(jnp.float32) * dy, axis=(0, 1, 2))
-    for i in range(k)
-    for j in range(k)
-  ]
-  dkernel = jnp.stack(taps).reshape(kernel.shape)  # K*K x C, row-major taps -> K x K x 1 x C
-  return dx, dkernel.astype(kernel.dtype)
-
-
-_grouped_tap_wgrad.defvjp(_grouped_tap_wgrad_fwd, _grouped_tap_wgrad_bwd)
-
-
 # Rematerialized, so that the backward pass holds only the input and the kernel and recomputes
 # the slices inside its own fusions, rather than whatever XLA makes of the per-tap float32 slices
-# that autodiff would keep. (Not compared without it on the H200.)
+# that autodiff would keep.
 @functools.partial(jax.checkpoint, static_argnums=(2, 3, 4))
 def _shifted_sum(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate):
   c = x_NxHxWxC.shape[-1]
@@ -170,8 +109,7 @@ def _shifted_sum(x_NxHxWxC, kernel_KxKx1xC, stride, pads, rate):
   patches = [_tap(xp, i, j, stride, rate, (ho, wo)) for i in range(k) for j in range(k)]
   # The taps on a new minor axis, multiplied and summed there (not an einsum, which XLA would
   # make a matmul over materialized patches): autodiff then gives the weight gradient as one
-  # reduction over batch and space for all K*K taps, instead of one reduction per tap. This is
-  # the layout that stepped slowly on the H200 (the module's docstring).
+  # reduction over batch and space for all K*K taps, instead of one reduction per tap.
   stacked = jnp.stack(patches, axis=-1).astype(jnp.float32)  # N x Ho x Wo x C x K*K
   taps = kernel_KxKx1xC.reshape(k * k, c).T.astype(jnp.float32)  # C x K*K
   out = jnp.sum(stacked * taps, axis=-1)

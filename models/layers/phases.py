@@ -4,7 +4,7 @@ A 2x upsampling convolution gives each output pixel of phase (a, b), row parity 
 parity b, a few of its kernel's taps on the input. Computed as one stride-1 convolution of the
 input to 4*O channels, one O per phase, then interleaved (`depth_to_space`), its gradients are
 ordinary convolutions of their input's size, which XLA hands cuDNN as such; the transposed
-convolution's weight gradient is not (models/stylegan_layers.py and models/pix2pixhd_nets.py
+convolution's weight gradient is not (models/stylegan/layers.py and models/pix2pixhd/nets.py
 say what it becomes). Downsampling is the mirror: `space_to_depth`, then a stride-1 convolution.
 """
 

@@ -92,7 +92,7 @@ class SeparableStack(nn.Module):
   kernel: int
   stride: int
   dtype: Any = jnp.float32
-  depthwise_impl: str = 'cudnn'  # models/depthwise.py
+  depthwise_impl: str = 'cudnn'  # models/layers/depthwise.py
 
   @nn.compact
   def __call__(self, x, train):
@@ -150,7 +150,7 @@ class Cell(nn.Module):
   stride: int
   keep_prob: float
   dtype: Any = jnp.float32
-  depthwise_impl: str = 'cudnn'  # models/depthwise.py
+  depthwise_impl: str = 'cudnn'  # models/layers/depthwise.py
 
   def _adjust_prev(self, prev, x, train):
     """Bring the previous cell's output to this cell's resolution and width."""

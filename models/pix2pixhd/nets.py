@@ -43,16 +43,14 @@ def downsample(x_BxHxWxC):
   return sums * inv_rows.astype(x_BxHxWxC.dtype) * inv_cols.astype(x_BxHxWxC.dtype)
 
 
-# How the generator's upsampling layers are computed (`upsample`):
-# - 'transposed': nn.ConvTranspose, an input-dilated convolution. Its weight gradient is taken
-#   against a gradient twice its input's size: XLA swaps that convolution's operands, reversing
-#   its window, and cuDNN gets a forward convolution whose window is the whole image (1023x2047
-#   for local_up at 2048x1024), with 18,432 outputs (compiled for the H200 without a GPU).
-# - 'phases': the same function as one 2x2 stride-1 convolution to the four output phases
-#   (4*O channels), interleaved (depth to space): its gradients are ordinary convolutions. 16
-#   taps where the transposed form has 9 non-zero ones: 1.78 times those layers' multiply-adds.
-#   The workload's default since session 17 (bf16 on the H200: 24 images, autotuned in 264 s).
-UPSAMPLES = ('transposed', 'phases')
+# The generator upsamples with PhasedUp, pix2pixHD's ConvTranspose2d computed as one 2x2 stride-1
+# convolution to the four output phases (4*O channels), interleaved (depth to space): its
+# gradients are ordinary convolutions. The transposed convolution's weight gradient is taken
+# against a gradient twice its input's size: XLA swaps that convolution's operands, reversing its
+# window, and cuDNN gets a forward convolution whose window is the whole image (1023x2047 for
+# local_up at 2048x1024, compiled for an H200) with 18,432 outputs. The phases cost 16
+# taps where the transposed form has 9 non-zero ones: 1.78 times those layers' multiply-adds. On
+# an H200 in bf16 the workload runs 24 images at 22.0 images/s, autotuned in 264 s.
 
 # ConvTranspose2d(k=3, s=2, padding=1, output_padding=1) per axis: output 2j takes input j
 # through tap 1; output 2j + 1 takes input j through tap 0 and input j + 1 through tap 2.
@@ -102,20 +100,7 @@ class _Layers(nn.Module):
     )
 
   def up(self, ch, name=None):
-    # Only the generator's modules upsample; they have the `upsample` field.
-    if self.upsample == 'phases':
-      return PhasedUp(ch, dtype=self.dtype, name=name)
-    # ConvTranspose2d(k=3, s=2, padding=1, output_padding=1): on the 2x-dilated input
-    # that is padding (k-1-1, k-1-1+1) = (1, 2), doubling the size exactly.
-    return nn.ConvTranspose(
-      ch,
-      (3, 3),
-      strides=(2, 2),
-      padding=((1, 2), (1, 2)),
-      dtype=self.dtype,
-      name=name,
-      **_conv_init,
-    )
+    return PhasedUp(ch, dtype=self.dtype, name=name)
 
   def norm(self, x):
     # InstanceNorm2d(affine=False): no parameters; flax reduces in float32.
@@ -139,7 +124,6 @@ class GlobalTrunk(_Layers):
   ngf: int = 64
   n_downsample: int = 4
   n_blocks: int = 9
-  upsample: str = 'transposed'  # UPSAMPLES
 
   @nn.compact
   def __call__(self, x):
@@ -167,7 +151,6 @@ class LocalEnhancer(_Layers):
   n_blocks_global: int = 9
   n_blocks_local: int = 3
   output_nc: int = 3
-  upsample: str = 'transposed'  # UPSAMPLES
 
   @nn.compact
   def __call__(self, x_BxHxWxC):
@@ -177,7 +160,6 @@ class LocalEnhancer(_Layers):
       self.ngf * 2,
       self.n_downsample_global,
       self.n_blocks_global,
-      self.upsample,
       name='global',
     )(downsample(x))
     y = nn.relu(self.norm(self.conv(self.ngf, 7, name='local_stem')(reflect_pad(x, 3))))
@@ -279,7 +261,6 @@ def build(cfg, dtype):
     cfg['n_blocks_global'],
     cfg['n_blocks_local'],
     cfg['output_nc'],
-    cfg['upsample'],
   )
   discriminator = MultiscaleDiscriminator(dtype, cfg['ndf'], cfg['n_layers_D'], cfg['num_D'])
   return generator, discriminator

@@ -186,8 +186,8 @@ def optimizer(cfg):
 def _normal_tree(rng, shapes, kernel_std):
   """Parameters of these shapes from ONE normal draw: kernels scaled, biases zero.
 
-  XLA on CPU compiles every random draw on its own and slowly (seconds each on the
-  test machine); one draw for the ~90 kernels keeps the compile of init short.
+  XLA on CPU compiles every random draw on its own and slowly (seconds each); one draw for
+  the ~90 kernels keeps the compile of init short.
   """
   leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
   is_kernel = [path[-1].key == 'kernel' for path, _ in leaves]
@@ -313,13 +313,6 @@ PIX2PIXHD = wl.Workload(
     lr=2e-4,
     beta1=0.5,
     shapes=24,  # painted objects per synthetic label map
-    # How the generator upsamples (models/pix2pixhd_nets.UPSAMPLES): 2x2 convolutions to the
-    # four output phases ('phases', the default since session 17: the same function and
-    # parameters at 1.78 times those layers' multiply-adds) or transposed convolutions
-    # ('transposed', sessions 1-16's results), whose weight gradients reach cuDNN as forward
-    # convolutions with windows of half the image. In bf16 on the H200 the phased form ran 24
-    # images at 22.0 images/s (session 17); the transposed form has not run to a bf16 result.
-    upsample='phases',
   ),
   # Every stage kept but the fewest layers: XLA's CPU compile time grows with the
   # layer count (about 30 s of CPU for this step), not with the image size.
@@ -342,5 +335,7 @@ PIX2PIXHD = wl.Workload(
   default_precision='fp32',
   family='image',
   adversarial=True,
-  choices={'upsample': nets_lib.UPSAMPLES},
+  # 2: the generator upsamples with 2x2 convolutions to the four output phases (revision 1 ran
+  # transposed convolutions).
+  revision=2,
 )

@@ -39,12 +39,11 @@ def instance_norm(x_NxHxWxC, eps=1e-8):
 def blur(x_NxHxWxC, impl='cudnn'):
   """The [1,2,1] x [1,2,1] / 16 low-pass filter, depthwise, zero-padded to the same size.
 
-  'shifts' sums shifted copies, one axis at a time, in float32 (one elementwise fusion, nothing
-  for XLA to autotune: models/depthwise.py says why); 'cudnn' is XLA's grouped convolution, and
-  so is 'cudnn_tap_wgrad' here: the filter is a constant, so there is no weight gradient to
-  compute another way.
+  `impl` is one of models/layers/depthwise.py's: 'cudnn', XLA's grouped convolution, or
+  'shifts', shifted copies summed one axis at a time in float32 (one elementwise fusion, nothing
+  for XLA to autotune).
   """
-  if impl in ('cudnn', 'cudnn_tap_wgrad'):
+  if impl == 'cudnn':
     c = x_NxHxWxC.shape[-1]
     f = np.outer([1.0, 2.0, 1.0], [1.0, 2.0, 1.0]) / 16.0
     kernel = jnp.asarray(np.tile(f[:, :, None, None], (1, 1, 1, c)), x_NxHxWxC.dtype)
@@ -76,22 +75,15 @@ def _summed_shifts(w_KxKxIxO):
   return w[1:, 1:] + w[:-1, 1:] + w[1:, :-1] + w[:-1, :-1]
 
 
-# How a fused resampling convolution is computed (EqConv's fused_impl):
-# - 'dilated': XLA's transposed (input-dilated) or stride-2 convolution of the 4x4 kernel. The
-#   weight gradients of the upsampling ones, and the R1 penalty's second-order terms of the
-#   downsampling ones, have a gradient larger than the input they are taken against: XLA swaps
-#   the operands (kernel and input), which reverses the window, and such a convolution cannot
-#   be cuDNN's backward-filter one. It reaches cuDNN as a forward convolution with a reversed,
-#   2-dilated window of the image's size (512x512 at 1024x1024): a few thousand outputs, each
-#   a sum over half the image and the batch (sessions 12, 15, 16: bf16 autotuning at 166-168
-#   images did not end in 25 minutes).
-# - 'phases': the same function as 3x3 stride-1 convolutions of the size of their input, whose
-#   gradients are ordinary ones: upsampling computes the four output phases as 4*O channels and
-#   interleaves them (depth to space); downsampling folds each 2x2 block of pixels into 4*I
-#   channels first (space to depth). 20 of each 36 taps are zero: 2.25 times the multiply-adds.
-#   The workload's default since session 17: in bf16 on the H200 it autotuned at its 164-image
-#   maximum in 450 s, and at 8 images it stepped 3.4 times as fast as 'dilated'.
-FUSED_IMPLS = ('dilated', 'phases')
+# A fused resampling convolution (EqConv's `fused`) runs as 3x3 stride-1 convolutions of the
+# size of their input, whose gradients are ordinary convolutions: upsampling computes the four
+# output phases as 4*O channels and interleaves them (depth to space); downsampling folds each
+# 2x2 block of pixels into 4*I channels first (space to depth). 20 of each 36 taps are zero: 2.25
+# times the multiply-adds of the reference's stride-2 4x4 convolution. That convolution, as XLA's
+# transposed or strided one, has weight gradients (and, downsampling, R1's second-order terms)
+# that reach cuDNN as forward convolutions with a window of half the image, whose bf16
+# autotuning at full-memory batches does not end in 25 minutes on an H200; the phased form
+# autotunes stylegan's 164-image bf16 maximum in 450 s.
 
 # Nearest 2x upsampling then a 3x3 kernel (taps at offsets -1, 0, 1 on the upsampled grid), as
 # taps on input rows i - 1, i, i + 1: _UP[a, input offset, kernel tap] for output row 2i + a.
@@ -161,11 +153,11 @@ class EqDense(nn.Module):
 class EqConv(nn.Module):
   """KxK convolution with equalized learning rate; optionally 2x up- or downsampling.
 
-  resample='up': nearest 2x upsampling then the convolution; 'down': the
-  convolution then 2x2 average pooling. With `fused`, either runs as one
-  stride-2 (transposed) convolution of the 4x4 summed-shift kernel, which is
-  exactly the same function at a fraction of the cost (the reference fuses
-  from 128x128 up).
+  resample='up': nearest 2x upsampling then the convolution; 'down': the convolution then 2x2
+  average pooling. With `fused` (a 3x3 kernel), either runs as one convolution over pixel
+  phases, exactly the same function as the separate operations at a fraction of their cost
+  (the reference fuses from 128x128 up, as a stride-2 convolution of the 4x4 summed-shift
+  kernel).
   """
 
   features: int
@@ -173,13 +165,14 @@ class EqConv(nn.Module):
   gain: float = SQRT2
   resample: str | None = None  # None, 'up' or 'down'
   fused: bool = False
-  fused_impl: str = 'dilated'  # FUSED_IMPLS
   use_bias: bool = True
   dtype: Any = jnp.float32
 
   @nn.compact
   def __call__(self, x_NxHxWxC):
     k, cin = self.kernel, x_NxHxWxC.shape[-1]
+    if self.fused and self.resample and k != 3:
+      raise ValueError(f'a fused resampling convolution takes a 3x3 kernel, not {k}x{k}')
     w = self.param('kernel', nn.initializers.normal(1.0), (k, k, cin, self.features))
     w = w * (self.gain / math.sqrt(k * k * cin))
     x = x_NxHxWxC.astype(self.dtype)
@@ -187,22 +180,10 @@ class EqConv(nn.Module):
     conv = lambda x, w, **kw: jax.lax.conv_general_dilated(
       x, w.astype(self.dtype), dimension_numbers=_NHWC, **kw
     )
-    if self.fused and self.fused_impl not in FUSED_IMPLS:
-      raise ValueError(
-        f'fused_impl must be one of {", ".join(FUSED_IMPLS)}, got {self.fused_impl!r}'
-      )
-    phases = self.fused and self.fused_impl == 'phases' and k == 3
-    if self.resample == 'up' and phases:
+    if self.resample == 'up' and self.fused:
       y = _up_phases(x, w, conv)
-    elif self.resample == 'up' and self.fused:
-      # Input dilation by 2 plus the 4x4 kernel: a transposed convolution.
-      y = conv(
-        x, _summed_shifts(w), window_strides=(1, 1), padding=((2, 2), (2, 2)), lhs_dilation=(2, 2)
-      )
-    elif self.resample == 'down' and phases:
-      y = _down_phases(x, _summed_shifts(w) * 0.25, conv)
     elif self.resample == 'down' and self.fused:
-      y = conv(x, _summed_shifts(w) * 0.25, window_strides=(2, 2), padding=((1, 1), (1, 1)))
+      y = _down_phases(x, _summed_shifts(w) * 0.25, conv)
     else:
       if self.resample == 'up':
         x = upscale(x)

@@ -75,7 +75,6 @@ class Synthesis(nn.Module):
         nf(cfg, res - 1),
         resample='up',
         fused=size >= cfg['fused_min_res'],
-        fused_impl=cfg['fused_impl'],
         use_bias=False,
         dtype=dtype,
         name=f'conv0_up_{size}',
@@ -149,7 +148,6 @@ class Discriminator(nn.Module):
         nf(cfg, res - 2),
         resample='down',
         fused=size >= cfg['fused_min_res'],
-        fused_impl=cfg['fused_impl'],
         dtype=dtype,
         name=f'conv1_down_{size}',
       )(sl.blur(x, cfg['depthwise']))

@@ -11,7 +11,6 @@ only the last ToRGB and the first FromRGB exist).
 
 from models import workload as wl
 from models.layers import depthwise
-from models.stylegan import layers as stylegan_layers
 from models.stylegan.nets import log2_res, nf
 
 # The trainer's pieces, re-exported: tests and callers reach them as stylegan.<name>.
@@ -87,19 +86,11 @@ STYLEGAN_CONFIG = dict(
   lr=0.003,
   ema_kimg=10.0,
   dlatent_avg_beta=0.995,
-  # How the blur's depthwise filter is computed (models/stylegan_layers.blur): shifted sums in
-  # one XLA fusion ('shifts', the default since session 17) or XLA's cuDNN grouped convolution
-  # ('cudnn', sessions 1-16's results). At 8 images in bf16 shifts stepped 2.6% slower, forecast 7%
-  # less memory and compiled in 19.1 s against 74.0 s (session 14).
+  # How the blur's depthwise filter is computed (models/stylegan/layers.blur): shifted sums in
+  # one XLA fusion ('shifts') or XLA's cuDNN grouped convolution ('cudnn'). On an H200 in bf16
+  # at 8 images the shifted sums compile in a quarter of cuDNN's time (models/layers/depthwise.py)
+  # and forecast 7% less memory, at 2.6% lower throughput.
   depthwise='shifts',
-  # How the fused resampling convolutions are computed (models/stylegan_layers.FUSED_IMPLS): 3x3
-  # convolutions over pixel phases ('phases', the default since session 17: the same sums at 2.25
-  # times those layers' multiply-adds) or XLA's transposed and stride-2 convolutions ('dilated',
-  # sessions 1-16's results). In bf16 on the H200 the phased form with the shifted blur ran 164
-  # images at 67.7 images/s; the dilated form's autotuned compile at its 168 did not end in 24
-  # minutes (its weight gradients reach cuDNN as forward convolutions with windows of half the
-  # image), and at autotune level 0 its first step did not end in some 390 s (sessions 16, 17).
-  fused_impl='phases',
 )
 # 8x8 keeps one block of each kind (XLA's CPU compile time grows with the layer count);
 # fused_min_res=8 runs the fused resampling convolutions the full size uses from 128 up.
@@ -119,5 +110,8 @@ STYLEGAN = wl.Workload(
   default_precision='fp32',
   family='image',
   adversarial=True,
-  choices={'depthwise': depthwise.IMPLS, 'fused_impl': stylegan_layers.FUSED_IMPLS},
+  # 2: the fused resampling convolutions compute over pixel phases (revision 1 ran them as
+  # transposed and strided 4x4 convolutions, with the blur through cuDNN).
+  revision=2,
+  choices={'depthwise': depthwise.IMPLS},
 )

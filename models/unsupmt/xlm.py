@@ -166,7 +166,7 @@ def trainer(cfg, policy) -> wl.Trainer:
 
   def step(state, batch, rng):
     # RBG keys: threefry's unrolled rounds at each of the twelve attention-weight dropouts
-    # made the step's compile twice as long.
+    # make the step's compile twice as long.
     rng = rbg_init.rbg_key(jax.random.fold_in(rng, state.step))
     ae_rngs = jax.random.split(jax.random.fold_in(rng, 0), 2)
     bt_rngs = jax.random.split(jax.random.fold_in(rng, 1), 2)

@@ -9,7 +9,7 @@ import optax
 
 from models import workload as wl
 from models.layers import rbg_init
-from models.yolo import targets as yolo_targets
+from models.yolo import targets
 
 # yolov3.cfg's nine COCO anchors in pixels of the 608x608 network input, smallest first.
 COCO_ANCHORS = (
@@ -141,7 +141,7 @@ def make_batch(cfg, rng, n):
 
 
 def loss(cfg, outputs, batch):
-  return yolo_targets.yolo_loss(
+  return targets.yolo_loss(
     outputs, batch['boxes'], batch['classes'], batch['valid'], anchors(cfg), ANCHOR_MASKS
   )
 

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from models import precision
 from models import workload as wl
@@ -111,42 +112,17 @@ def test_flops_match_deeplab_model_zoo():
   assert deeplab.flops_per_example(CFG) == 3 * deeplab.forward_flops(CFG)
 
 
-def test_depthwise_impls_give_the_same_gradients(monkeypatch):
-  """The weight gradient per tap (models/depthwise.py) is the grouped convolution's, in the net."""
-  batch = jax.jit(lambda k: deeplab.make_batch(TINY, k, 2))(jax.random.key(0))
-  model = {
-    impl: deeplab.DeepLabV3Plus(deeplab.DEEPLABV3.resolve(tiny=True, overrides={'depthwise': impl}))
-    for impl in ('cudnn', 'cudnn_tap_wgrad')
-  }
-  variables = model['cudnn'].init(jax.random.key(1), batch, train=False)
-
-  def loss(params, impl):
-    # Batch statistics (train mode), as the train step has them; the same dropout draw for both.
-    logits, _ = model[impl].apply(
-      {**variables, 'params': params},
-      batch,
-      train=True,
-      rngs={'dropout': jax.random.key(2)},
-      mutable=['batch_stats'],
-    )
-    return deeplab.loss(TINY, logits, batch)[0]
-
-  # Every depthwise layer takes the override.
+@pytest.mark.parametrize('impl', depthwise.IMPLS)
+def test_every_depthwise_layer_takes_the_depthwise_choice(impl, monkeypatch):
+  """`depthwise` reaches all 23 depthwise convolutions (models/layers/depthwise.py, whose tests
+  compare the two forms' values and gradients at DeepLab's strides, rates and paddings)."""
   calls = []
-  tap_wgrad = depthwise._grouped_tap_wgrad
-  monkeypatch.setattr(depthwise, '_grouped_tap_wgrad', lambda *a: calls.append(1) or tap_wgrad(*a))
-  jax.eval_shape(lambda p: loss(p, 'cudnn_tap_wgrad'), variables['params'])
-  assert len(calls) == 23
-  monkeypatch.undo()
-  grads = jax.jit(jax.grad(loss), static_argnums=1)
-  reference = grads(variables['params'], 'cudnn')
-  tapwise = grads(variables['params'], 'cudnn_tap_wgrad')
-  depthwise_kernels = 0
-  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(reference), jax.tree.leaves(tapwise)):
-    name = jax.tree_util.keystr(path)
-    scale = float(jnp.abs(a).max())
-    if "['depthwise']['kernel']" in name:
-      depthwise_kernels += 1
-      assert scale > 0, name
-    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * scale, err_msg=name)
-  assert depthwise_kernels == 23
+  for name in ('_grouped', '_shifted_sum'):
+    form = getattr(depthwise, name)
+    monkeypatch.setattr(depthwise, name, lambda *a, f=form, n=name: calls.append(n) or f(*a))
+  cfg = deeplab.DEEPLABV3.resolve(tiny=True, overrides={'depthwise': impl})
+  batch = jax.eval_shape(lambda k: deeplab.make_batch(cfg, k, 2), jax.random.key(0))
+  model = deeplab.DeepLabV3Plus(cfg)
+  jax.eval_shape(lambda b: model.init(jax.random.key(1), b, train=False), batch)
+  form = {'cudnn': '_grouped', 'shifts': '_shifted_sum'}[impl]
+  assert calls == [form] * 23

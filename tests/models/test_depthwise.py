@@ -1,4 +1,4 @@
-"""Each depthwise implementation against XLA's grouped convolution."""
+"""The shifted-sum depthwise convolution against XLA's grouped convolution."""
 
 import flax.linen as nn
 import jax
@@ -23,50 +23,31 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize('impl', ['shifts', 'cudnn_tap_wgrad'])
 @pytest.mark.parametrize('hw,k,stride,rate,padding', CASES)
-def test_each_impl_matches_the_grouped_convolution_and_its_gradients(
-  hw, k, stride, rate, padding, impl
-):
+def test_shifts_match_the_grouped_convolution_and_its_gradients(hw, k, stride, rate, padding):
   x = jax.random.normal(jax.random.key(0), (2, hw, hw + 1, 5))
   kernel = jax.random.normal(jax.random.key(1), (k, k, 1, 5))
 
   def loss(x, kernel, impl):
     return jnp.sum(jnp.sin(dw.depthwise_conv(x, kernel, stride, padding, rate, impl)))
 
-  y = dw.depthwise_conv(x, kernel, stride, padding, rate, impl)
+  y = dw.depthwise_conv(x, kernel, stride, padding, rate, 'shifts')
   y_cudnn = dw.depthwise_conv(x, kernel, stride, padding, rate, 'cudnn')
   assert y.shape == y_cudnn.shape
   np.testing.assert_allclose(y, y_cudnn, atol=1e-4)
-  g = jax.grad(loss, argnums=(0, 1))(x, kernel, impl)
+  g = jax.grad(loss, argnums=(0, 1))(x, kernel, 'shifts')
   g_cudnn = jax.grad(loss, argnums=(0, 1))(x, kernel, 'cudnn')
   for a, b in zip(g, g_cudnn):
     assert a.shape == b.shape and a.dtype == b.dtype
     np.testing.assert_allclose(a, b, atol=1e-3, rtol=1e-4)
 
 
-def test_tap_wgrad_is_the_weight_gradient_in_bf16_and_sums_in_float32():
-  # Ones in, ones back: each tap's gradient is the count of output pixels it meets, 2 * 5 * 5 =
-  # 50 for the taps that never see padding. 50 ones summed in bf16 stay exact, so the inputs are
-  # 1 + 2^-7, whose products a bf16 running sum would round away.
-  x = jnp.full((2, 7, 7, 3), 1.0 + 2.0**-7, jnp.bfloat16)
-  kernel = jnp.ones((3, 3, 1, 3), jnp.bfloat16)
-
-  def loss(kernel, impl):
-    y = dw.depthwise_conv(x, kernel, padding='VALID', impl=impl)
-    return jnp.sum(y.astype(jnp.float32))
-
-  g = jax.grad(loss)(kernel, 'cudnn_tap_wgrad')
-  assert g.dtype == jnp.bfloat16 and g.shape == kernel.shape
-  np.testing.assert_array_equal(g.astype(jnp.float32), float(jnp.bfloat16(50 * (1.0 + 2.0**-7))))
-  np.testing.assert_array_equal(g, jax.grad(loss)(kernel, 'cudnn'))
-
-
-def test_bf16_accumulates_in_float32_and_returns_bf16():
+@pytest.mark.parametrize('impl', dw.IMPLS)
+def test_bf16_accumulates_in_float32_and_returns_bf16(impl):
   # 49 taps of 1 + 2^-7 on ones: a bf16 running sum would round the increments away.
   x = jnp.ones((1, 7, 7, 2), jnp.bfloat16)
   kernel = jnp.full((7, 7, 1, 2), 1.0 + 2.0**-7, jnp.bfloat16)
-  y = dw.depthwise_conv(x, kernel, padding='VALID')
+  y = dw.depthwise_conv(x, kernel, padding='VALID', impl=impl)
   assert y.dtype == jnp.bfloat16
   assert float(y[0, 0, 0, 0]) == float(jnp.bfloat16(49 * (1.0 + 2.0**-7)))
 
@@ -106,8 +87,6 @@ def test_stylegan_blur_shifts_match_the_grouped_convolution(dtype):
   np.testing.assert_allclose(jax.grad(loss)(x32, 'shifts'), jax.grad(loss)(x32, 'cudnn'), atol=1e-5)
 
 
-def test_stylegan_blur_has_no_weight_gradient_so_tap_wgrad_is_cudnn():
-  x = jax.random.normal(jax.random.key(4), (1, 6, 6, 2))
-  np.testing.assert_array_equal(sl.blur(x, 'cudnn_tap_wgrad'), sl.blur(x, 'cudnn'))
-  with pytest.raises(ValueError, match='blur impl must be one of'):
-    sl.blur(x, 'winograd')
+def test_an_unknown_blur_impl_is_refused():
+  with pytest.raises(ValueError, match='blur impl must be one of cudnn, shifts'):
+    sl.blur(jnp.ones((1, 6, 6, 2)), 'winograd')

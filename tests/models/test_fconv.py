@@ -98,13 +98,12 @@ def test_the_gemm_convolution_equals_a_convolution(kernel, causal, impl):
     np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize('impl', ['gemm', 'gemm_per_tap'])
 @pytest.mark.parametrize('causal', [False, True])
-def test_the_gemm_convolution_keeps_only_its_input_and_kernel_for_backward(causal, impl, capsys):
+def test_the_gemm_convolution_keeps_only_its_input_and_kernel_for_backward(causal, capsys):
   """ConvTBC's memory: the K-times-wider shifted copy is rebuilt in the backward pass, not saved."""
   x = jnp.ones((2, 7, 5))
   w = jnp.ones((3, 5, 6))
-  ad_checkpoint.print_saved_residuals(lambda x, w: fconv.temporal_conv(x, w, causal, impl), x, w)
+  ad_checkpoint.print_saved_residuals(lambda x, w: fconv.temporal_conv(x, w, causal, 'gemm'), x, w)
   saved = capsys.readouterr().out.strip().splitlines()
   assert saved == ['f32[2,7,5] from the argument x', 'f32[3,5,6] from the argument w']
 
@@ -112,5 +111,5 @@ def test_the_gemm_convolution_keeps_only_its_input_and_kernel_for_backward(causa
 def test_the_conv_impl_is_a_config_choice():
   w = fconv.FCONV_WMT_EN_DE
   assert w.resolve(overrides={'conv_impl': 'xla'})['conv_impl'] == 'xla'
-  with pytest.raises(ValueError, match='conv_impl must be one of gemm, gemm_per_tap, xla'):
+  with pytest.raises(ValueError, match='conv_impl must be one of gemm, xla'):
     w.resolve(overrides={'conv_impl': 'cudnn'})

@@ -44,8 +44,7 @@ def test_param_counts_at_full_size():
   trainer = _trainer(W.config)
   shapes = jax.eval_shape(trainer.init, jax.random.key(0))
   counts = wl.param_counts(trainer, shapes)
-  assert counts['generator'] == pytest.approx(REFERENCE_G, rel=0.01)
-  assert counts['discriminator'] == pytest.approx(REFERENCE_D, rel=0.01)
+  assert (counts['generator'], counts['discriminator']) == (REFERENCE_G, REFERENCE_D)
   assert counts['total'] == counts['generator'] + counts['discriminator']  # VGG is not trained
   assert wl.count_params(shapes.vgg_params) > 12_000_000  # VGG19 up to conv5_1
 
@@ -179,12 +178,3 @@ def test_phased_upsampling_is_the_transposed_convolution():
   np.testing.assert_allclose(gx1, gx0, rtol=1e-4, atol=1e-5)
   for name in ('kernel', 'bias'):
     np.testing.assert_allclose(gp1['params'][name], gp0['params'][name], rtol=1e-4, atol=1e-5)
-
-
-def test_transposed_upsampling_has_the_same_parameter_count():
-  """The default upsampling is the phased form; nn.ConvTranspose, pix2pixHD's own, has the
-  same parameters."""
-  assert W.config['upsample'] == 'phases'
-  trainer = W.trainer(W.resolve(overrides={'upsample': 'transposed'}), precision.get('fp32'))
-  counts = wl.param_counts(trainer, jax.eval_shape(trainer.init, jax.random.key(0)))
-  assert (counts['generator'], counts['discriminator']) == (REFERENCE_G, REFERENCE_D)

@@ -110,27 +110,24 @@ def test_fused_resampling_convolution_matches_the_separate_ops(resample):
   # (6 and 10) so that a phase or a block taken from the wrong row or column shows.
   draw = np.random.default_rng(5).standard_normal
   x = jnp.asarray(draw((2, 6, 10, 4)), jnp.float32)
-  convs = [
-    sl.EqConv(6, resample=resample, fused=fused, fused_impl=impl)
-    for fused, impl in ((False, 'dilated'), (True, 'dilated'), (True, 'phases'))
-  ]
+  convs = [sl.EqConv(6, resample=resample, fused=fused) for fused in (False, True)]
   params = jax.tree.map(
     lambda p: jnp.asarray(draw(p.shape), jnp.float32),  # non-zero biases
     jax.eval_shape(convs[0].init, jax.random.key(6), x),
   )
-  separate, dilated, phases = (jax.jit(conv.apply)(params, x) for conv in convs)
+  separate, fused = (jax.jit(conv.apply)(params, x) for conv in convs)
   assert separate.shape == ((2, 12, 20, 6) if resample == 'up' else (2, 3, 5, 6))
-  np.testing.assert_allclose(dilated, separate, rtol=1e-5, atol=1e-5)
-  np.testing.assert_allclose(phases, separate, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(fused, separate, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize('resample', ['up', 'down'])
-def test_phased_resampling_has_the_dilated_forms_gradients_to_second_order(resample):
+def test_fused_resampling_has_the_separate_ops_gradients_to_second_order(resample):
   """R1 differentiates the discriminator's input gradient with respect to its weights: the
-  phased form must give the dilated form's first and second derivatives."""
+  phased form must give the first and second derivatives of upsampling (or pooling) and a
+  plain convolution."""
   draw = np.random.default_rng(7).standard_normal
   x = jnp.asarray(draw((2, 8, 8, 3)), jnp.float32)
-  convs = [sl.EqConv(5, resample=resample, fused=True, fused_impl=i) for i in sl.FUSED_IMPLS]
+  convs = [sl.EqConv(5, resample=resample, fused=fused) for fused in (False, True)]
   params = jax.tree.map(
     lambda p: jnp.asarray(draw(p.shape), jnp.float32),
     jax.eval_shape(convs[0].init, jax.random.key(8), x),
@@ -149,16 +146,14 @@ def test_phased_resampling_has_the_dilated_forms_gradients_to_second_order(resam
     np.testing.assert_allclose(g1['params'][name], g0['params'][name], rtol=1e-4, atol=1e-5)
 
 
-def test_an_unknown_fused_impl_is_refused():
+def test_fused_resampling_takes_a_3x3_kernel():
   x = jnp.zeros((1, 4, 4, 2))
-  with pytest.raises(ValueError, match='fused_impl must be one of dilated, phases'):
-    sl.EqConv(3, resample='up', fused=True, fused_impl='fft').init(jax.random.key(0), x)
+  with pytest.raises(ValueError, match='takes a 3x3 kernel, not 5x5'):
+    sl.EqConv(3, kernel=5, resample='up', fused=True).init(jax.random.key(0), x)
 
 
-@pytest.mark.parametrize('fused_impl', sl.FUSED_IMPLS)
-def test_full_size_parameter_counts(fused_impl):
-  """The same counts in each form of the fused resampling (the default is the phased one)."""
-  cfg = W.resolve(overrides={'fused_impl': fused_impl})
+def test_full_size_parameter_counts():
+  cfg = W.resolve()
   trainer = W.trainer(cfg, precision.get('fp32'))
   counts = wl.param_counts(trainer, jax.eval_shape(trainer.init, jax.random.key(0)))
   assert abs(counts['generator'] - 26.2e6) < 0.01 * 26.2e6, counts  # the paper's Table
