@@ -1,4 +1,4 @@
-"""Flags of the report (python -m jaxbench.report_main); --store is defined in flags/sweep.py."""
+"""Flags of the report (python -m jaxbench.report_main); --store is defined in flags/store.py."""
 
 from absl import flags
 

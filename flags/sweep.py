@@ -3,6 +3,7 @@
 from absl import flags
 
 from flags import validators
+from flags.store import STORE as STORE  # --store: the sweep's file, which the report reads
 
 GPU = flags.DEFINE_string(
   'gpu',
@@ -45,12 +46,6 @@ COMPILE_FOR = flags.DEFINE_string(
   None,
   'With --predict: compile for this GPU (h200) on a host that has none, through JAX\'s CUDA '
   'plugin. Nothing is autotuned in such a compile.',
-)
-STORE = flags.DEFINE_string(
-  'store',
-  None,
-  'Sweep: append each cell\'s result to this JSON Lines file, running each cell in its own '
-  'process and skipping those it holds. The report reads one or more such files, comma-separated.',
 )
 CELL_TIMEOUT_S = flags.DEFINE_integer(
   'cell_timeout_s',

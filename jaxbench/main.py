@@ -16,12 +16,13 @@ from absl import app, flags
 from flags import advanced as advanced_flags  # noqa: F401  (defines the advanced flags)
 from flags import run as run_flags
 from flags import search as search_flags
+from flags import store as store_flags
 from flags import sweep as sweep_flags
 from jaxbench import cli
 
 # Intentionally kept short: the flags are read once, into cli.Args, and the work dispatched.
 FLAGS = flags.FLAGS
-for _module in (run_flags, search_flags, sweep_flags):
+for _module in (run_flags, search_flags, sweep_flags, store_flags):
   flags.adopt_module_key_flags(_module)  # what --helpshort lists
 
 

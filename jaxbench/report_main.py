@@ -13,7 +13,7 @@ import os
 from absl import app, flags
 
 from flags import report as report_flags
-from flags import sweep as sweep_flags
+from flags import store as store_flags
 from jaxbench import cli
 
 flags.adopt_module_key_flags(report_flags)  # what --helpshort lists, with --store:
@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
   del argv  # cli.flags_parser refuses arguments that are not flags
   from jaxbench.cards import catalog  # pylint: disable=g-import-not-at-top
 
-  store_paths = [p for p in (sweep_flags.STORE.value or '').split(',') if p]
+  store_paths = [p for p in (store_flags.STORE.value or '').split(',') if p]
   out_dir, reference = report_flags.OUT.value, report_flags.REFERENCE_GPU.value
   if not store_paths or not out_dir:
     _fail('give --store=FILE[,FILE...] (a sweep\'s JSON Lines) and --out=DIR')

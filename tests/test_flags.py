@@ -149,6 +149,7 @@ def test_a_bad_flag_is_one_line_naming_it_and_status_2(bad, says, check, tmp_pat
     (['--no_such_flag'], 'no_such_flag'),
     (['--model=bert_base'], 'model'),  # a flag of the run, not of the report
     (['--max_examples=3'], 'max_examples'),
+    (['--gpu=titan_rtx'], 'gpu'),  # a sweep's flag: the report shares only --store with it
     (['--store=x.jsonl', 'stray'], 'unexpected arguments: stray'),
   ],
 )
@@ -175,4 +176,5 @@ def test_each_flag_module_defines_its_group():
   by_module = {m: {f.name for f in fl} for m, fl in flags.FLAGS.flags_by_module_dict().items()}
   assert by_module[advanced_flags.__name__] == ADVANCED_FLAGS
   user = by_module['flags.run'] | by_module['flags.search'] | by_module['flags.sweep']
+  user |= by_module['flags.store']
   assert user == USER_FLAGS
