@@ -119,6 +119,8 @@ def test_request_sets_the_backend_cap_from_the_card():
     (dict(store='x.jsonl', memory_gb=8.0), 'catalog GPUs'),
     (dict(store='x.jsonl', gpus=('t4',), precision='fp32'), 'use --precisions'),
     (dict(precisions=('fp32',), gpu='t4'), '--precisions is for sweeps'),
+    # A predicting sweep's cells would each refuse it: the sweep refuses it first.
+    (dict(store='x.jsonl', gpus=('t4',), predict=True, probe_autotune_level=0), 'compiles only'),
   ],
 )
 def test_request_refuses_conflicts(kw, says):

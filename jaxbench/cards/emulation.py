@@ -55,6 +55,10 @@ def request(a: cli.Args) -> Request:
     deviceless.check(a.compile_for)
     if not a.predict or a.store is not None:
       raise ValueError('--compile_for only predicts: give --predict (and no --store)')
+  if a.predict and a.probe_autotune_level is not None:  # a sweep's cells too
+    raise ValueError(
+      '--probe_autotune_level is for runs: --predict compiles only (give --autotune_level)'
+    )
   if a.store is not None:
     if not gpus or a.memory_gb is not None:
       raise ValueError('a sweep (--store) needs catalog GPUs: --gpus=lambda2020 or a list')
@@ -83,10 +87,6 @@ def request(a: cli.Args) -> Request:
       raise ValueError('--predict searches the max batch: it takes no --batch_size')
     if not a.run_every_fit:
       raise ValueError('--norun_every_fit is for runs: --predict runs nothing')
-    if a.probe_autotune_level is not None:
-      raise ValueError(
-        '--probe_autotune_level is for runs: --predict compiles only (give --autotune_level)'
-      )
     return Request(PREDICT, tuple(gpus), a.compile_for)
   if a.gpus:
     raise ValueError('--gpus runs many cards: give --store=FILE for a sweep, or --predict')
