@@ -11,6 +11,8 @@ def _record(**changes):
     'workload': 'bert_base',
     'workload_revision': 2,
     'precision': 'fp32',
+    'status': 'ok',
+    'max_batch': 188,
     'tiny': False,
     'jax_version': '0.11.2',
     'xla_flags': '--xla_disable_hlo_passes=rematerialization',
