@@ -18,6 +18,7 @@ from flags import run as run_flags
 from flags import search as search_flags
 from flags import sweep as sweep_flags
 from jaxbench import cli
+from jaxbench.core import interrupt
 
 # Intentionally kept short: the flags are read once, into cli.Args, and the work dispatched.
 FLAGS = flags.FLAGS
@@ -93,10 +94,9 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == '__main__':
+  interrupt.install()  # a Ctrl-C during JAX's import or a compile is not dropped
   try:
     app.run(main, flags_parser=cli.flags_parser('jaxbench'))
   except KeyboardInterrupt:
     print('jaxbench: interrupted', file=sys.stderr)
-    from jaxbench.core import program  # pylint: disable=g-import-not-at-top
-
-    program.exit_now(130)  # a compile may still be running in its thread
+    interrupt.exit_now(130)  # a compile may still be running in its thread
