@@ -449,3 +449,16 @@ def test_a_sweep_killed_at_random_moments_resumes_with_each_cell_once(tmp_path):
   assert data.endswith(b'\n') and all(json.loads(line) for line in data.splitlines())
   keys = collections.Counter(store.key_of(r) for r in store.read(path)[0])
   assert set(keys) == {c.key for c in cells} and set(keys.values()) == {1}
+
+
+def test_a_single_run_does_not_write_to_a_store_a_sweep_is_writing(tmp_path):
+  path = str(tmp_path / 's.jsonl')
+  link = str(tmp_path / 'link.jsonl')
+  os.symlink(path, link)
+  run = [sys.executable, '-m', 'jaxbench.main', '--model=bert_base', '--tiny', f'--output={link}']
+  with store.Lock(path):
+    done = subprocess.run(run, cwd=ROOT, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 2 and not os.path.exists(path)
+  assert done.stderr.splitlines()[-1] == (
+    f'jaxbench: error: --output: a sweep is writing to this store ({path}.lock is locked)'
+  )
