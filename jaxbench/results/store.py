@@ -60,11 +60,12 @@ def lower_bound(record: dict[str, Any]) -> bool:
   return bool((record.get('search') or {}).get('capped'))
 
 
-# Statuses a run or a sweep records. A cell with one of DONE is not run again by a sweep (a
-# 'failed' one is with --retry_failed); 'interrupted' (a Ctrl-C, a sweep stopped mid-cell) and a
-# status this code does not know (a newer writer's) are not done.
-STATUSES = ('ok', 'oom', 'invalid', 'error', 'failed', 'interrupted')
+# The statuses whose cell a sweep does not run again (a 'failed' one it does with
+# --retry_failed). Not done: 'interrupted' (a Ctrl-C, a sweep stopped mid-cell) and a status this
+# code does not know (a newer writer's).
 DONE = ('ok', 'oom', 'invalid', 'error', 'failed')
+# The fields that hold an object (or null) wherever they appear.
+_OBJECTS = ('config', 'device', 'emulation', 'memory', 'measurement', 'search', 'params')
 
 _MAX_REPORTED = 5  # bad lines named one by one in a warning; the rest are counted
 
@@ -124,9 +125,6 @@ def problem(record: Any) -> str | None:
   if rate is not None and not (_is_number(rate) and {'unit', 'throughput_unit'} <= set(record)):
     return "'measurement.units_per_s' without a number and its 'unit' and 'throughput_unit'"
   return None
-
-
-_OBJECTS = ('config', 'device', 'emulation', 'memory', 'measurement', 'search', 'params')
 
 
 def read(path: str) -> tuple[list[dict[str, Any]], str | None]:
