@@ -437,12 +437,18 @@ def test_a_sweep_killed_at_random_moments_resumes_with_each_cell_once(tmp_path):
   cells = _cells(gpus=('rtx_2060', 't4', 'l4', 'a10'))
   rng = random.Random(35)
   driver = [sys.executable, '-c', DRIVER.format(root=ROOT, here=HERE, path=path)]
-  env = {**os.environ, 'FAKE_SLEEP': '0.2'}
-  for _ in range(10):
-    proc = subprocess.Popen(driver, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    time.sleep(rng.uniform(0.5, 4.0))
+  env = {**os.environ, 'FAKE_SLEEP': '1.0'}  # a kill window holds at most one cell's result
+  for kill in range(10):
+    proc = subprocess.Popen(driver, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    if kill % 4 == 0:
+      time.sleep(rng.uniform(0.2, 1.5))  # while it starts up, or in its first cell
+    else:
+      assert proc.stderr.readline().startswith(b'sweep: ')  # it has read the store: running
+      time.sleep(rng.uniform(0.0, 1.5))
     proc.kill()
     proc.wait()
+    proc.stderr.close()
+  assert 0 < len(store.read(path)[0]) < len(cells)  # the kills fell in the middle of the sweep
   failed, lines = _run(path, cells)
   assert failed == 0
   data = open(path, 'rb').read()
