@@ -468,3 +468,41 @@ def test_a_single_run_does_not_write_to_a_store_a_sweep_is_writing(tmp_path):
   assert done.stderr.splitlines()[-1] == (
     f'jaxbench: error: --output: a sweep is writing to this store ({path}.lock is locked)'
   )
+
+
+LOCKED_DRIVER = '''
+import sys
+sys.path[:0] = [{root!r}, {here!r}]
+from jaxbench.cards import sweep
+from jaxbench.results import store
+import test_sweep
+cells = test_sweep._cells(gpus=('rtx_2060', 't4'))
+try:
+  with store.Lock({path!r}):  # as sweep.main
+    sys.exit(1 if sweep.run(cells, {path!r}, test_sweep.fake_command({path!r}), 60) else 0)
+except store.Busy as e:
+  print(e, file=sys.stderr)
+  sys.exit(2)
+'''
+
+
+def test_two_sweeps_started_at_once_through_a_symlink_record_each_cell_once(tmp_path):
+  path = str(tmp_path / 's.jsonl')
+  link = str(tmp_path / 'link.jsonl')
+  os.symlink(path, link)
+  env = {**os.environ, 'FAKE_SLEEP': '0.3'}
+  procs = [
+    subprocess.Popen(
+      [sys.executable, '-c', LOCKED_DRIVER.format(root=ROOT, here=HERE, path=p)],
+      env=env,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for p in (path, link)
+  ]
+  results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+  assert sorted(rc for rc, _ in results) == [0, 2]
+  assert any('another sweep' in err for rc, err in results if rc == 2)
+  keys = collections.Counter(store.key_of(r) for r in store.read(path)[0])
+  assert set(keys) == {c.key for c in _cells()} and set(keys.values()) == {1}
