@@ -19,6 +19,8 @@ from flags import search as search_flags
 from flags import store as store_flags
 from flags import sweep as sweep_flags
 from jaxbench import cli
+from jaxbench.core import interrupt
+from jaxbench.results import store
 
 # Intentionally kept short: the flags are read once, into cli.Args, and the work dispatched.
 FLAGS = flags.FLAGS
@@ -90,14 +92,17 @@ def main(argv: list[str]) -> int:
   if plan.action == 'check':
     print(f'jaxbench: ok: the flags are valid for {", ".join(w.name for w in plan.workloads)}')
     return 0
-  return runner.run(plan, bench.resolve_tiny(plan.options, tiny), req, memory, target)
+  try:
+    with store.Lock(plan.output, shared=True):  # not beside a sweep on the same store
+      return runner.run(plan, bench.resolve_tiny(plan.options, tiny), req, memory, target)
+  except store.Busy as e:
+    fail(f'--output: {e}')
 
 
 if __name__ == '__main__':
+  interrupt.install()  # a Ctrl-C during JAX's import or a compile is not dropped
   try:
     app.run(main, flags_parser=cli.flags_parser('jaxbench'))
   except KeyboardInterrupt:
     print('jaxbench: interrupted', file=sys.stderr)
-    from jaxbench.core import program  # pylint: disable=g-import-not-at-top
-
-    program.exit_now(130)  # a compile may still be running in its thread
+    interrupt.exit_now(130)  # a compile may still be running in its thread

@@ -15,6 +15,7 @@ from absl import app, flags
 from flags import report as report_flags
 from flags import store as store_flags
 from jaxbench import cli
+from jaxbench.results import store
 
 flags.adopt_module_key_flags(report_flags)  # what --helpshort lists, with --store:
 flags.declare_key_flag('store')
@@ -41,6 +42,8 @@ def main(argv: list[str]) -> int:
   for path in store_paths:
     if not os.path.isfile(path):
       _fail(f'--store: no file {path}')
+    if not store.read(path)[0]:  # empty, or not a store: no line of it is a result
+      _fail(f'--store: {path} holds no result (no line of it is a whole jaxbench result)')
   try:
     catalog.get(reference)
   except catalog.CatalogError as e:

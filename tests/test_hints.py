@@ -11,6 +11,8 @@ def _record(**changes):
     'workload': 'bert_base',
     'workload_revision': 2,
     'precision': 'fp32',
+    'status': 'ok',
+    'max_batch': 188,
     'tiny': False,
     'jax_version': '0.11.2',
     'xla_flags': '--xla_disable_hlo_passes=rematerialization',
@@ -214,3 +216,29 @@ def _as_trial(n, outcome, peak, when):
   return search.Trial(
     examples=n, batch=n, outcome=outcome, predicted_peak_bytes=peak, run_s=1.0, earlier=when
   )
+
+
+def test_lines_that_are_not_results_are_reported_once_and_skipped(tmp_path, capsys):
+  path = tmp_path / 'hints.jsonl'
+  bad = [
+    {**_record(), 'config': 'x'},
+    {**_record(), 'search': {'trials': 'oops'}},
+    {k: v for k, v in _record().items() if k != 'status'},
+  ]
+  path.write_text('\n'.join(json.dumps(r) for r in [*bad, _record()]) + '\n')
+  peaks, matched = hints.load([str(path)], _record())
+  assert matched == 1 and peaks == {1: 1480, 188: 23906}
+  assert hints.forecasts([str(path)], _record())[188][0] == 23906
+  err = capsys.readouterr().err.splitlines()
+  assert err == [
+    f"warning: {path}:1: 'config' is not a dict; skipped",
+    f"warning: {path}:2: 'search.trials' is not a list; skipped",
+    f"warning: {path}:3: no 'status'; skipped",
+  ]  # once, though read twice
+
+
+def test_a_file_that_is_not_a_store_is_reported_not_ignored(tmp_path, capsys):
+  path = tmp_path / 'weights.bin'
+  path.write_bytes(bytes(range(256)))
+  assert hints.load([str(path)], _record()) == ({}, 0)
+  assert capsys.readouterr().err.startswith(f'warning: {path}:1: not JSON; skipped')

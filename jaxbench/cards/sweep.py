@@ -6,8 +6,10 @@ appends its results whole (records.append_jsonl). The parent never starts JAX on
 plans, launches, times out, and records a cell that ended without a result (a crash, a
 timeout, a bad exit) as status 'failed'. A rerun skips every cell the store already holds, so
 a sweep killed at any moment resumes with nothing lost and nothing duplicated: a child dies
-with its parent (PR_SET_PDEATHSIG), and a lock keeps two sweeps off one store. The sweep's
-progress lines go to stderr: its results are the store.
+with its parent (PR_SET_PDEATHSIG), and a lock (store.Lock, on the file the store's name
+resolves to) keeps other writers off the store. A Ctrl-C stops the running cell, whose search
+so far stays in the store as 'interrupted' (not done; it aims the rerun). The sweep's progress
+lines go to stderr: its results are the store.
 """
 
 import collections
@@ -174,6 +176,8 @@ def outcome(record: dict[str, Any] | None) -> str:
   if record is None:
     return 'no result'
   status, unit = record['status'], record.get('unit', '')
+  if status == 'interrupted':
+    return f"interrupted: {(record.get('error') or '')[:80]}"
   if status == 'ok' and record.get('mode') == 'predict':
     return f"predicted {record['max_batch']} {unit}"
   if status == 'ok':
@@ -192,6 +196,49 @@ def _outdated(record: dict[str, Any]) -> bool:
   return store.revision(record) != registry.get(record['workload']).revision
 
 
+# How long a cell has, after the sweep passes it a Ctrl-C, to write its interrupted result (a
+# run answers within a second: its XLA calls run in a thread, program._interruptible).
+INTERRUPT_GRACE_S = 20.0
+
+
+def salvage(store_path: str, done: dict[store.Key, dict[str, Any]]) -> dict[str, Any] | None:
+  """The result so far that a cell left in its progress file (a sweep killed while it ran),
+  appended to the store as status 'interrupted' where its cell is not done, so that its search
+  trials aim the cell's rerun (the store is every cell's --search_hints); the record appended,
+  if any. The progress file is removed: a cell's progress is its own."""
+  so_far = report.read_json(progress_path(store_path))
+  report.discard(progress_path(store_path))
+  if so_far is None or store.problem({**so_far, 'status': 'interrupted'}):
+    return None
+  last = done.get(store.key_of(so_far))
+  if last is not None and store.done(last):
+    return None  # the cell wrote its result before the sweep was killed
+  record = {**so_far, 'status': 'interrupted'}
+  record['error'] = f'the sweep stopped while this cell ran; {so_far.get("error") or ""}'.rstrip()
+  report.append_jsonl(store_path, record)
+  return record
+
+
+def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str | None, bool]:
+  """The cell's exit status, why it ended without one of its own (None), and whether the sweep
+  was interrupted (Ctrl-C, SIGINT) meanwhile: then the cell gets the SIGINT too (it is in a
+  session of its own, out of the terminal's reach), to write its result so far, and is killed
+  if it has not ended after INTERRUPT_GRACE_S or at a second Ctrl-C."""
+  try:
+    return proc.wait(timeout=timeout_s), None, False
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    return proc.wait(), f'timed out after {timeout_s:g} s', False
+  except KeyboardInterrupt:
+    pass
+  try:
+    os.killpg(proc.pid, signal.SIGINT)
+    return proc.wait(timeout=INTERRUPT_GRACE_S), 'interrupted (Ctrl-C)', True
+  except (subprocess.TimeoutExpired, KeyboardInterrupt):
+    os.killpg(proc.pid, signal.SIGKILL)
+    return proc.wait(), 'interrupted (Ctrl-C), then killed', True
+
+
 def run(
   cells: list[Cell],
   store_path: str,
@@ -201,30 +248,50 @@ def run(
   env: dict[str, str] | None = None,
   out: Callable[..., None] | None = None,
 ) -> int:
-  """Run the cells the store lacks; returns the number of cells that failed this time.
+  """Run the cells the store lacks; returns the number of cells that failed or were interrupted
+  this time. The caller holds the store's Lock.
 
-  `out` prints the progress lines (default: to stderr; the sweep's results are in the store).
+  A cell is not done when the store lacks it or holds it as 'interrupted' (or with a status
+  this code does not know), and, with `retry_failed`, as 'failed'. The store is read again
+  before each cell, and a cell that another writer has recorded since is skipped. On a Ctrl-C
+  the running cell writes its result so far ('interrupted': not done, its trials aim the
+  rerun), the sweep stops and raises KeyboardInterrupt. `out` prints the progress lines
+  (default: to stderr; the sweep's results are in the store).
   """
   out = out or _progress
+  env = {**(os.environ if env is None else env), store.SWEEP_ENV: os.path.realpath(store_path)}
   records, warning = store.read(store_path)
   if warning:
     out(warning)
   store.end_line(store_path)  # a cut-short last line must not swallow the next result
   done = store.latest(records)
+  if salvage(store_path, done):
+    records = store.read(store_path)[0]
+    done = store.latest(records)
+  planned = collections.Counter(store.key_of(r) for r in records)
   to_run = [
     c
     for c in cells
-    if c.key not in done
-    or done[c.key]['status'] == 'interrupted'  # stopped by a Ctrl-C: never counted as done
-    or (retry_failed and done[c.key]['status'] == 'failed')
-    or _outdated(done[c.key])
+    if c.key not in done or not store.done(done[c.key], retry_failed) or _outdated(done[c.key])
   ]
   already = len(cells) - len(to_run)
   out(f'sweep: {len(cells)} cells, {already} already in {store_path}, {len(to_run)} to run')
   log_path = store_path + '.log'
   start, finished, failed = time.monotonic(), 0, 0
   for group in groups(to_run):
-    before = collections.Counter(store.key_of(r) for r in store.read(store_path)[0])
+    records = store.read(store_path)[0]
+    before = collections.Counter(store.key_of(r) for r in records)
+    latest = store.latest(records)
+    for cell in [c for c in group if before[c.key] > planned[c.key]]:
+      r = latest[cell.key]
+      if store.done(r, retry_failed) and not _outdated(r):  # recorded by another writer
+        group.remove(cell)
+        finished += 1
+        out(
+          f'[{already + finished}/{len(cells)}] {cell.label()}: {outcome(r)} (recorded meanwhile)'
+        )
+    if not group:
+      continue
     t0 = time.monotonic()
     label = (
       group[0].label()
@@ -245,11 +312,7 @@ def run(
         start_new_session=True,
         preexec_fn=functools.partial(_die_with_parent, os.getpid()),
       )
-      try:
-        rc, error = proc.wait(timeout=timeout_s * len(group)), None
-      except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        rc, error = proc.wait(), f'timed out after {timeout_s * len(group):g} s'
+      rc, error, interrupted = _wait(proc, timeout_s * len(group))
     seconds = time.monotonic() - t0
     if error is None:
       error = (f'killed by signal {-rc}' if rc < 0 else f'exit status {rc}') + ' without a result'
@@ -262,13 +325,16 @@ def run(
     for i, cell in enumerate(group):
       if after[cell.key] <= before[cell.key]:
         record = failure(cell, error, seconds / len(group), _tail(log_path, offset))
-        if so_far is not None:
+        if interrupted:
+          record['status'] = 'interrupted'
+        if so_far is not None and not store.problem({**so_far, **record}):
           # What the cell had found (its search trials, the largest batch that ran), kept:
           # they aim the cell's search when it is retried (--search_hints reads the store).
           record = {**so_far, **record, 'error': f'{error}; {so_far.get("error") or ""}'}
         report.append_jsonl(store_path, record)
-        latest[cell.key] = {'status': 'failed', 'error': error}
-        failed += 1
+        latest[cell.key] = record
+      if after[cell.key] <= before[cell.key] or not store.done(latest[cell.key]):
+        failed += 1  # no result of its own; or interrupted, or a status not known: not done
       finished += 1
       elapsed = time.monotonic() - start
       left = elapsed / finished * (len(to_run) - finished)
@@ -277,6 +343,9 @@ def run(
         f'{head}{outcome(latest.get(cell.key))} ({_hms(seconds / len(group))}) | '
         f'elapsed {_hms(elapsed)}, ~{_hms(left)} left'
       )
+    if interrupted:
+      out(f'sweep: interrupted, {failed} failed or interrupted this run (log: {log_path})')
+      raise KeyboardInterrupt
   out(f'sweep: done, {failed} failed this run' + (f' (log: {log_path})' if failed else ''))
   return failed
 
@@ -350,4 +419,6 @@ def main(a: cli.Args, gpus: list[catalog.Gpu], fail: Callable[[str], None]) -> i
       failed = run(cells, a.store, make, a.cell_timeout_s, a.retry_failed, env)
   except store.Busy as e:
     fail(str(e))
+  except KeyboardInterrupt:
+    return 130  # the shell's status for a command stopped by SIGINT
   return 1 if failed else 0

@@ -26,6 +26,7 @@ algorithms, with other workspaces.
 import dataclasses
 import json
 import re
+import sys
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from jaxbench.results import store
@@ -61,11 +62,18 @@ def program_key(r: dict[str, Any]) -> str:
   return json.dumps(fields, sort_keys=True, default=str)
 
 
+_reported: set[str] = set()  # the warnings already printed: a run reads its hints several times
+
+
 def _same_program(paths: Iterable[str], head: dict[str, Any]) -> Iterator[dict[str, Any]]:
-  """The records in `paths`, in order, of the program `head` compiles (program_key)."""
+  """The records in `paths`, in order, of the program `head` compiles (program_key). A line
+  that is not a result is reported once on stderr and skipped (store.read)."""
   want = program_key(head)
   for path in paths:
-    records, _ = store.read(path)
+    records, warning = store.read(path)
+    if warning and warning not in _reported:
+      _reported.add(warning)
+      print(warning, file=sys.stderr, flush=True)
     yield from (r for r in records if program_key(r) == want)
 
 

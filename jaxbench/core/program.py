@@ -4,9 +4,7 @@ import copy
 import dataclasses
 import functools
 import gc
-import os
 import re
-import sys
 import threading
 import time
 from typing import Any
@@ -202,7 +200,7 @@ def _interruptible(fn, *args):
   the state's initialization, for tens of seconds): on the main thread, an interrupted search
   could not write its result before the SIGKILL that follows. Here the main thread waits,
   KeyboardInterrupt reaches it, and the abandoned call's thread is a daemon that cannot hold
-  the process open (see exit_now).
+  the process open (see interrupt.exit_now).
   """
   box: dict[str, Any] = {}
 
@@ -223,13 +221,6 @@ def _interruptible(fn, *args):
   if 'error' in box:
     raise box['error']
   return box['value']
-
-
-def exit_now(status: int) -> None:
-  """Exit without waiting for an abandoned compile or step (teardown under it can crash)."""
-  sys.stdout.flush()
-  sys.stderr.flush()
-  os._exit(status)  # pylint: disable=protected-access
 
 
 def release() -> None:

@@ -1,0 +1,60 @@
+"""Ctrl-C (SIGINT) honoured at any moment of a run, its first second included.
+
+Python raises KeyboardInterrupt wherever its main thread checks for signals next, and two
+places in a run's first seconds cannot take it:
+- JAX runs a callback at every garbage collection (jax._src.lib._xla_gc_callback, in
+  gc.callbacks). An exception raised inside a gc callback (or a __del__) is printed ("Exception
+  ignored in: <function _xla_gc_callback>") and dropped: the run goes on as if never interrupted.
+- An import: a KeyboardInterrupt inside the initialization of a compiled module (numpy's, under
+  JAX's import) can leave it half-made, and the process ends in an ImportError or a segfault.
+install() puts in a handler that raises KeyboardInterrupt as Python's own does, except in those
+two places: there it sends the SIGINT again a moment later, until the collection or the import
+is over, so that it is raised in the run's own code. A flag checked at chosen points would miss
+the long stretches (an import, a compile) that have none; blocking SIGINT until JAX is imported
+would miss the collections of every compile after it.
+"""
+
+import gc
+import os
+import signal
+import sys
+import threading
+
+_RETRY_S = 0.05  # when a SIGINT that arrived in a gc callback or an import is sent again
+_IMPORT = '<frozen importlib'  # the frames of the import machinery
+
+
+def _unsafe_here(frame) -> bool:
+  """Whether a KeyboardInterrupt raised in `frame` would be dropped (a gc callback or a __del__
+  runs in it or below it) or could break an import (one is in progress)."""
+  callbacks = {getattr(cb, '__code__', None) for cb in gc.callbacks}
+  while frame is not None:
+    code = frame.f_code
+    if code in callbacks or code.co_name == '__del__' or code.co_filename.startswith(_IMPORT):
+      return True
+    frame = frame.f_back
+  return False
+
+
+def _on_sigint(signum, frame) -> None:
+  if _unsafe_here(frame):
+    timer = threading.Timer(_RETRY_S, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
+    return
+  raise KeyboardInterrupt
+
+
+def install() -> None:
+  """Put in the handler above, where SIGINT has Python's own (a process started with SIGINT
+  ignored, e.g. in the background of a script, keeps it ignored)."""
+  if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _on_sigint)
+
+
+def exit_now(status: int) -> None:
+  """Exit without waiting for an abandoned compile or step (teardown under it can crash), and
+  without importing JAX (an interrupt may have stopped its import half-way)."""
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)  # pylint: disable=protected-access
