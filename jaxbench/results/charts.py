@@ -80,6 +80,7 @@ def _bars(ax, gpus: list[str], rows: dict[str, dict[str, tables.Cell]], log: boo
           width,
           bottom=floor if log else 0,
           color=colour(s),
+          label=s,  # the bar's source (no axis legend: the figure has one)
           hatch='///' if cell.at_least else None,
           edgecolor='white' if cell.at_least else None,
           linewidth=0,
@@ -120,9 +121,8 @@ def _panels(
   ylabel,
   log: bool,
   labels: dict[str, str],
-  path: str,
   xlabel: str = 'GPU',
-) -> str:
+):
   """One panel per workload in `grids` (workload -> source -> gpu -> Cell), one legend."""
   ws = [w for w in grids if grids[w]]
   cols = 4
@@ -142,9 +142,7 @@ def _panels(
   fig.suptitle(title, y=1 - 0.1 / height, va='top', fontsize=12)
   _legend(fig, sources, labels, 1 - 0.45 / height)
   fig.tight_layout(rect=(0, 0, 1, 1 - (0.35 + band) / height))
-  fig.savefig(path, dpi=DPI)
-  plt.close(fig)
-  return path
+  return fig
 
 
 def _measured_on(data: tables.Data) -> str:
@@ -158,7 +156,8 @@ def _measured_on(data: tables.Data) -> str:
   return ', '.join(kinds) or 'the measuring GPU'
 
 
-def max_batch(data: tables.Data, out_dir: str) -> str:
+def max_batch(data: tables.Data):
+  """Max batch per workload (a panel each) and GPU, every source, log scale."""
   units = _units(data)
   grids = {
     w: {s: data.batch[(w, s)] for s in data.sources[w] if (w, s) in data.batch}
@@ -171,11 +170,11 @@ def max_batch(data: tables.Data, out_dir: str) -> str:
     lambda w: f'max batch ({units.get(w, ("examples",))[0]}, log scale)',
     True,
     {},
-    os.path.join(out_dir, 'max_batch.png'),
   )
 
 
-def throughput(data: tables.Data, out_dir: str) -> str:
+def throughput(data: tables.Data):
+  """Throughput per workload and GPU: the published figures and the emulated ones."""
   units = _units(data)
   grids = {
     w: {s: data.throughput[(w, s)] for s in data.sources[w] if (w, s) in data.throughput}
@@ -195,11 +194,10 @@ def throughput(data: tables.Data, out_dir: str) -> str:
     lambda w: f'throughput ({units.get(w, ("", "units/s"))[1]})',
     False,
     labels,
-    os.path.join(out_dir, 'throughput.png'),
   )
 
 
-def normalized(data: tables.Data, reference: str, out_dir: str) -> str:
+def normalized(data: tables.Data, reference: str):
   """Per workload, each source's throughput over its own on the reference GPU (sources with
   throughput on the reference and another GPU only), then the geometric mean over workloads."""
   norm = tables.normalized(data, reference)
@@ -213,23 +211,21 @@ def normalized(data: tables.Data, reference: str, out_dir: str) -> str:
     for s, by_gpu in tables.summary(data, reference).items()
   }
   ref = catalog.get(reference).display
-  path = _panels(
+  return _panels(
     data,
     grids,
     f'Throughput normalized to the {ref}',
     lambda w: f'throughput / {ref}\'s (same source)',
     False,
     {},
-    os.path.join(out_dir, 'normalized.png'),
   )
-  return path
 
 
 # Which of our sources speaks for a cell of the map: a run before a prediction.
 _RANK = ('emulated', 'predicted', 'deviceless')
 
 
-def fit_map(data: tables.Data, out_dir: str) -> str:
+def fit_map(data: tables.Data):
   """Workload x GPU: the 2020 published max batch beside ours (emulated where run, else
   predicted on the GPU, else deviceless; at the published precision), OOM marked."""
   pub = published.lookup()
@@ -319,10 +315,7 @@ def fit_map(data: tables.Data, out_dir: str) -> str:
     fontsize=7,
   )
   fig.tight_layout(rect=(0, 0.03, 1, 0.95))
-  path = os.path.join(out_dir, 'fit_map.png')
-  fig.savefig(path, dpi=DPI)
-  plt.close(fig)
-  return path
+  return fig
 
 
 def _short(value: float) -> str:
@@ -332,9 +325,15 @@ def _short(value: float) -> str:
 
 def write(data: tables.Data, reference: str, out_dir: str) -> list[str]:
   """Every chart of the report, into out_dir; the PNG paths."""
-  return [
-    fit_map(data, out_dir),
-    max_batch(data, out_dir),
-    throughput(data, out_dir),
-    normalized(data, reference, out_dir),
-  ]
+  paths = []
+  for name, make in (
+    ('fit_map', lambda: fit_map(data)),
+    ('max_batch', lambda: max_batch(data)),
+    ('throughput', lambda: throughput(data)),
+    ('normalized', lambda: normalized(data, reference)),
+  ):
+    fig = make()
+    paths.append(os.path.join(out_dir, f'{name}.png'))
+    fig.savefig(paths[-1], dpi=DPI)
+    plt.close(fig)
+  return paths
