@@ -113,3 +113,15 @@ def test_a_run_in_a_terminal_shows_its_phases():
   assert 'bert_base: compiling batch 2 sequences |' in out
   assert re.search(r'bert_base: [a-z ,]+batch 2 sequences \| \d+\.\d s \(run \d+\.\d s\)', out)
   assert 'bert_base: batch 2 sequences: fits' in out  # the plain lines are kept above it
+
+
+def test_a_sweeps_line_says_cells_done_and_the_mean_cell_time(tmp_path):
+  from tests import test_sweep  # pylint: disable=g-import-not-at-top
+
+  path = str(tmp_path / 's.jsonl')
+  failed, lines = test_sweep._run(path, test_sweep._cells(gpus=('rtx_2060',)))
+  assert failed == 0
+  done = [line for line in lines if line.startswith('[')]
+  assert len(done) == 3
+  for i, line in enumerate(done, 1):
+    assert re.search(rf'\| {i}/3 run, \d+m\d\ds a cell on average, elapsed \d+m\d\ds, ~', line)
