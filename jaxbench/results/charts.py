@@ -141,7 +141,7 @@ def _panels(
     ax.axis('off')
   fig.suptitle(title, y=1 - 0.1 / height, va='top', fontsize=12)
   _legend(fig, sources, labels, 1 - 0.45 / height)
-  fig.tight_layout(rect=(0, 0, 1, 1 - (0.35 + band) / height))
+  fig.tight_layout(rect=(0, 0, 1, 1 - (0.2 + band) / height))
   return fig
 
 
