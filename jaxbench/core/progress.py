@@ -7,6 +7,7 @@ not), redrawn every second below the log's lines. When stderr is not a terminal 
 sweep's cell, a test) or rich is missing, the log's plain lines are all there is.
 """
 
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -80,7 +81,7 @@ class Display:
     # The log's lines (print to sys.stderr) go above the live line while it is shown.
     self._live = Live(
       self.line,
-      console=Console(file=stream),
+      console=Console(file=stream, width=_width(stream)),
       refresh_per_second=2,
       transient=True,
       redirect_stdout=False,
@@ -93,6 +94,15 @@ class Display:
     if self._live is not None:
       self._live.stop()
       self._live = None
+
+
+def _width(stream: TextIO) -> int | None:
+  """The terminal's columns, from stderr itself (rich would ask stdin or stdout, which a
+  redirection may have made files)."""
+  try:
+    return os.get_terminal_size(stream.fileno()).columns or None
+  except (AttributeError, OSError, ValueError):
+    return None
 
 
 def _is_terminal(stream: TextIO) -> bool:
