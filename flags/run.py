@@ -59,3 +59,9 @@ SET = flags.DEFINE_multi_string(
   'Override a key of the workload\'s config, as KEY=VALUE (e.g. --set=src_len=40)',
 )
 OUTPUT = flags.DEFINE_string('output', None, 'Append each result to this file as one JSON line.')
+PROFILE_DIR = flags.DEFINE_string(
+  'profile_dir',
+  None,
+  'Write a jax.profiler trace of one window of the timed steps (run after the timed windows, '
+  'so it slows no figure) into this directory; TensorBoard\'s profile plugin or Perfetto read it.',
+)

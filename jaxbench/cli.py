@@ -76,6 +76,7 @@ class Args:
   tiny: bool | None = None
   set: tuple[str, ...] = ()
   output: str | None = None
+  profile_dir: str | None = None
   # flags/search.py
   memory_limit_gb: float | None = None
   # flags/sweep.py
@@ -232,6 +233,7 @@ def plan(a: Args) -> Plan:
     search_resume=a.search_resume,
     run_every_fit=a.run_every_fit,
     probe_autotune_level=a.probe_autotune_level,
+    profile_dir=a.profile_dir,
   )
   action = 'describe' if a.describe else 'check' if a.check else 'run'
   return Plan(action, workloads, options, a.remat, a.output, a.progress_file)

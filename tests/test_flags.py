@@ -30,6 +30,7 @@ USER_FLAGS = {
   'tiny',
   'set',
   'output',
+  'profile_dir',
   'memory_limit_gb',
   'gpu',
   'memory_gb',

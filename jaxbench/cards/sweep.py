@@ -341,6 +341,7 @@ def run(
       head = '' if i == 0 else f'[{already + finished}/{len(cells)}] {cell.label()}: '
       out(
         f'{head}{outcome(latest.get(cell.key))} ({_hms(seconds / len(group))}) | '
+        f'{finished}/{len(to_run)} run, {_hms(elapsed / finished)} a cell on average, '
         f'elapsed {_hms(elapsed)}, ~{_hms(left)} left'
       )
     if interrupted:

@@ -2,7 +2,10 @@
 
 import dataclasses
 import datetime
+import functools
+import importlib.metadata
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -13,6 +16,7 @@ import jax
 import jaxbench
 from jaxbench.core import backend, hints, search, timing
 from jaxbench.core import program as prog
+from jaxbench.core import progress as display
 from jaxbench.results import records as report
 from models import precision
 from models import workload as wl
@@ -45,6 +49,8 @@ class Options:
   # Probe compile-only with XLA's autotuning at this level, then compile and run only the batch
   # found with the run's own autotuning (search.find_max_batch_probing); None: probe as run.
   probe_autotune_level: int | None = None
+  # Write a jax.profiler trace of one window of the timed steps here (timing.measure).
+  profile_dir: str | None = None
 
 
 class Interrupted(KeyboardInterrupt):
@@ -89,6 +95,102 @@ def memory_budget(memory: backend.MemorySetup, on_gpu: bool) -> tuple[int | None
   ), f'compile-time analysis (CPU default {CPU_DEFAULT_BUDGET_GB} GB)'
 
 
+def _package(name: str) -> str | None:
+  try:
+    return importlib.metadata.version(name)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def _cuda_version(code: int | None) -> str | None:
+  """CUDA's integer version as people write it: 12040 -> '12.4'."""
+  return None if not code else f'{code // 1000}.{code % 1000 // 10}'
+
+
+def _cudnn_version(code: int | None) -> str | None:
+  """cuDNN's integer version as people write it: 90100 -> '9.1.0' (8xxx: 8.9.7 from 8907)."""
+  if not code:
+    return None
+  if code >= 10000:
+    return f'{code // 10000}.{code % 10000 // 100}.{code % 100}'
+  return f'{code // 1000}.{code % 1000 // 100}.{code % 100}'
+
+
+def _call(module: Any, name: str) -> int | None:
+  """One of jaxlib's CUDA version queries, None where the plugin or the query is missing or
+  fails (no GPU, no driver)."""
+  fn = getattr(module, name, None)
+  try:
+    return int(fn()) if fn is not None else None
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def _nvidia_smi_driver() -> str | None:
+  """The NVIDIA driver's version (e.g. '550.54.15'), from nvidia-smi; None without it."""
+  try:
+    out = subprocess.run(
+      ['nvidia-smi', '--query-gpu=driver_version', '--format=csv,noheader'],
+      capture_output=True,
+      text=True,
+      timeout=30,
+      check=True,
+    ).stdout
+  except (OSError, subprocess.SubprocessError):
+    return None
+  lines = out.strip().splitlines()
+  return lines[0].strip() if lines and lines[0].strip() else None
+
+
+def _git_commit() -> str | None:
+  """The commit of the checkout jaxbench runs from (with '+dirty' when its tracked files
+  differ from it); None when it runs from an installed copy or git is missing."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(jaxbench.__file__)))
+  if not os.path.exists(os.path.join(root, '.git')):
+    return None
+  try:
+    head = subprocess.run(
+      ['git', '-C', root, 'rev-parse', 'HEAD'], capture_output=True, text=True, timeout=30
+    )
+    if head.returncode != 0:
+      return None
+    dirty = subprocess.run(
+      ['git', '-C', root, 'status', '--porcelain', '--untracked-files=no'],
+      capture_output=True,
+      text=True,
+      timeout=30,
+    )
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return head.stdout.strip() + ('+dirty' if dirty.returncode == 0 and dirty.stdout.strip() else '')
+
+
+@functools.cache
+def environment() -> dict[str, Any]:
+  """The software a result ran on beyond JAX and Python: jaxlib, CUDA, cuDNN and the driver (as
+  jaxlib's CUDA plugin and nvidia-smi report them; None without a GPU), flax, optax, and the git
+  commit of the checkout (None outside one)."""
+  try:
+    from jax._src import lib as jax_lib  # pylint: disable=g-import-not-at-top
+
+    versions = getattr(jax_lib, 'cuda_versions', None)
+    jaxlib = getattr(jax_lib, 'version_str', None)
+  except ImportError:
+    versions, jaxlib = None, None
+  on_gpu = any(d.platform == 'gpu' for d in jax.devices())
+  cuda = versions if on_gpu else None
+  return {
+    'jaxlib_version': jaxlib or _package('jaxlib'),
+    'cuda_version': _cuda_version(_call(cuda, 'cuda_runtime_get_version')),
+    'cudnn_version': _cudnn_version(_call(cuda, 'cudnn_get_version')),
+    'cuda_driver_version': _cuda_version(_call(cuda, 'cuda_driver_get_version')),
+    'driver_version': _nvidia_smi_driver() if on_gpu else None,
+    'flax_version': _package('flax'),
+    'optax_version': _package('optax'),
+    'git_commit': _git_commit(),
+  }
+
+
 def now() -> str:
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')
 
@@ -102,6 +204,7 @@ def identity(
     'jaxbench_version': jaxbench.__version__,
     'jax_version': jax.__version__,
     'python': sys.version.split()[0],
+    **environment(),
     'device': dev,
     'xla_flags': os.environ.get('XLA_FLAGS', ''),
     'workload': w.name,
@@ -142,13 +245,15 @@ def run(
       'remat': memory.remat,
     },
   }
-  progress = _Progress()
+  progress = _Progress(line=display.Line(w.name, w.unit))
+  progress.line.set_phase(progress.phase)
   if checkpoint is not None:
     progress.changed = lambda: checkpoint(
       _so_far(w, cfg, opts, result, progress, f'ended without its result, while {progress.phase}')
     )
   try:
-    return _search_and_time(w, opts, cfg, policy, budget, result, progress, log)
+    with display.Display(progress.line):  # a live line on a terminal only
+      return _search_and_time(w, opts, cfg, policy, budget, result, progress, log)
   except KeyboardInterrupt:
     raise Interrupted(
       _so_far(w, cfg, opts, result, progress, f'interrupted while {progress.phase}')
@@ -163,6 +268,18 @@ class _Progress:
   trials: list[search.Trial] = dataclasses.field(default_factory=list)
   running: search.Trial | None = None  # the probe being run: compiled, its forecast known
   changed: Callable[[], None] = lambda: None  # after each trial and change of phase
+  line: display.Line | None = None  # what the live line shows (progress.py)
+
+  def set_phase(self, phase: str, shown: str | None = None) -> None:
+    """The phase an interrupted result names, and the live line's (`shown`, if other)."""
+    self.phase = phase
+    if self.line is not None:
+      self.line.set_phase(shown or phase)
+
+  def add(self, t: search.Trial) -> None:
+    self.trials.append(t)
+    if self.line is not None and t.outcome != search.UNFINISHED:
+      self.line.trial(t.batch, t.fits)
 
 
 def _so_far(w, cfg, opts, result, progress, error: str) -> dict[str, Any]:
@@ -184,7 +301,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
   """The body of run(), reporting its phase and trials to `progress` as it goes."""
 
   def on_trial(t: search.Trial) -> None:
-    progress.trials.append(t)
+    progress.add(t)
     progress.running = None
     if program.init_s is not None:  # the first trial that ran built the initial state
       result['init_s'] = round(program.init_s, 3)
@@ -198,17 +315,20 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
     progress.running = trial
     compile_s = None if trial is None else trial.compile_s
     batch = f'{n * w.example_size(cfg)} {w.unit}'
+    shown = f'{phase} batch {batch}'
+    if trial is not None and program.init_s is None:
+      shown = f'building the initial state, then {shown}'  # the first run builds it
     if opts.batch_size is None:
-      progress.phase = f'searching: {phase} batch {batch}'
+      progress.set_phase(f'searching: {phase} batch {batch}', shown)
     else:
-      progress.phase = f'{phase} the fixed batch ({batch})'
+      progress.set_phase(f'{phase} the fixed batch ({batch})', shown)
     what = phase if compile_s is None else f'compiled in {compile_s:.1f} s, {phase}'
     progress.changed()
     log(f'  {w.name}: batch {batch}: {what}')
 
   program = prog.Program(w, cfg, policy, seed=opts.seed)
   result['params'] = program.param_counts()
-  progress.phase = 'searching' if opts.batch_size is None else 'compiling the fixed batch'
+  progress.set_phase('searching' if opts.batch_size is None else 'compiling the fixed batch')
   if opts.batch_size is not None:
     result['search'] = {'mode': 'fixed'}
     n = examples_for(w, cfg, opts.batch_size)
@@ -251,7 +371,8 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
         'by_forecast': len(known) - ran,
         'runs': sorted({t.earlier for t in known}),
       }
-      progress.trials.extend(known)
+      for t in known:
+        progress.add(t)
       if known:
         log(f'  {w.name}: resumed from {len(known)} earlier trials: ' + _trials_text(w, known))
     if opts.probe_autotune_level is not None and budget is None:
@@ -308,10 +429,12 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
       'status': 'oom',
       'error': 'not even one example fits' if opts.batch_size is None else found.trials[-1].detail,
     }
-  progress.phase = f'timing at {found.max_examples * w.example_size(cfg)} {w.unit}'
+  progress.set_phase(f'timing at {found.max_examples * w.example_size(cfg)} {w.unit}')
   progress.changed()
   log(f'  {w.name}: {progress.phase}')
-  m = timing.measure(program, found.best, opts.warmup_steps, opts.steps, opts.windows)
+  m = timing.measure(
+    program, found.best, opts.warmup_steps, opts.steps, opts.windows, opts.profile_dir
+  )
   flops_per_step = w.flops_per_example(cfg) * m.examples
   units_per_step = w.units_per_example(cfg) * m.examples
   result['measurement'] = {
@@ -331,6 +454,7 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
     'process_peak_bytes': m.process_peak_bytes,
     'compile_s': found.best.compile_s,
     'compile_cached': found.best.cached,  # compile_s was a load from the compilation cache
+    'profile_dir': m.profile_dir,
   }
   if not m.finite:
     # A diverged run measures nothing worth reporting.

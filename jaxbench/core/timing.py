@@ -20,6 +20,7 @@ class Measurement:
   window_step_s: list[float]
   final_loss: float
   process_peak_bytes: int | None
+  profile_dir: str | None = None  # where the trace of one more window went (jax.profiler)
 
   @property
   def finite(self) -> bool:
@@ -36,9 +37,18 @@ class Measurement:
 
 
 def measure(
-  program: prog.Program, compiled: prog.Compiled, warmup_steps: int, steps: int, windows: int
+  program: prog.Program,
+  compiled: prog.Compiled,
+  warmup_steps: int,
+  steps: int,
+  windows: int,
+  profile_dir: str | None = None,
 ) -> Measurement:
   """Time `steps` steps in `windows` windows after `warmup_steps` untimed ones.
+
+  With `profile_dir`, one more window of the same steps runs under jax.profiler.trace after the
+  timed ones: a trace of what a timed window runs (TensorBoard's profile plugin or Perfetto read
+  it), kept out of the figures, which the profiler's own work would slow.
 
   The batch is built once on the device and reused; the transfer guard proves
   that the timed loop moves nothing between host and device. Each window ends
@@ -48,7 +58,7 @@ def measure(
   """
   per_window = max(1, steps // windows)
   times, loss = prog._interruptible(
-    _timed_windows, program, compiled, warmup_steps, per_window, windows
+    _timed_windows, program, compiled, warmup_steps, per_window, windows, profile_dir
   )
   stats = prog.device_memory()
   return Measurement(
@@ -58,11 +68,13 @@ def measure(
     window_step_s=times,
     final_loss=loss,
     process_peak_bytes=stats.get('peak_bytes_in_use') if stats else None,
+    profile_dir=profile_dir,
   )
 
 
-def _timed_windows(program, compiled, warmup_steps, per_window, windows):
-  """Each window's seconds per step, and the last loss."""
+def _timed_windows(program, compiled, warmup_steps, per_window, windows, profile_dir=None):
+  """Each window's seconds per step, and the last loss; a traced window after them with
+  `profile_dir`."""
   state, batch = program.materialize(compiled.n)
   run = compiled.executable
   rng = program.rng
@@ -79,6 +91,11 @@ def _timed_windows(program, compiled, warmup_steps, per_window, windows):
           state, metrics = run(state, batch, rng)
         jax.block_until_ready(metrics)
         times.append((time.perf_counter() - start) / per_window)
+      if profile_dir:
+        with jax.profiler.trace(profile_dir):
+          for _ in range(per_window):
+            state, metrics = run(state, batch, rng)
+          jax.block_until_ready(metrics)
     loss = float(np.asarray(metrics['loss']))
   finally:
     del state, batch

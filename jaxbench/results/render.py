@@ -1,32 +1,23 @@
-"""The report's files: one Markdown page (README.md), a CSV per table, PNG bar charts."""
+"""The report's files: one Markdown page (README.md), a CSV per table, a tidy CSV of every
+figure (results.csv) and the PNG charts (charts.py)."""
 
 import os
 import sys
 from typing import Any
 
-import matplotlib
-
-matplotlib.use('Agg')  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=g-import-not-at-top
-
 from jaxbench.cards import catalog
-from jaxbench.results import (  # noqa: E402
-  forecast,
-  measured,
-  published,
-  store,
-  tables,
-)
+from jaxbench.results import charts, forecast, measured, published, store, tables
 
 # The tables of the 2020 cards, in the page's order, after the measured runs.
 ORDER = ('max_batch', 'throughput', 'normalized', 'summary', 'prediction', 'forecast')
 INDEX = 'README.md'
+TIDY = 'results.csv'
 DEFAULT_REFERENCE = 'quadro_rtx_8000'
 
 EMULATION_NOTE = (
-  'Emulated rows ran on the host GPU named in the results with XLA\'s allocator capped at the '
+  'Emulated rows ran on the GPU named above with XLA\'s allocator capped at the '
   'card\'s memory less {overhead} MiB (driver reservation and CUDA context, see docs/sweep.md): '
-  'their max batch is the emulated card\'s, their throughput is the host GPU\'s at that batch. '
+  'their max batch is the emulated card\'s, their throughput is that GPU\'s at that batch. '
   'Predicted rows come from the compile-time memory model and ran nothing; "deviceless" ones '
   'were compiled for the GPU on a host without it (--compile_for; no autotuning, see '
   'docs/sweep.md).'
@@ -44,9 +35,6 @@ def build_tables(
   """name -> Table: max batch, throughput, normalized throughput, its summary, prediction error,
   and the deviceless forecasts' gap, from every record given (`records`; default the latest of
   each cell), full-memory runs and superseded results included: each trial is a forecast."""
-  notes = [EMULATION_NOTE.format(overhead=catalog.CARD_OVERHEAD_BYTES // catalog.MIB)]
-  if any(w in published.SWAPPED for w in data.workloads):
-    notes.append(tables.SWAP_MARK.strip() + ' ' + published.SWAP_NOTE)
   out = {
     'max_batch': tables.metric_table(data, data.batch, 'Largest batch before OOM', BATCH_NOTE),
     'throughput': tables.metric_table(
@@ -69,7 +57,10 @@ def build_tables(
         key=lambda kv: (data.workloads.index(kv[0][0]), kv[0][1] != tables.PUBLISHED, kv[0][1]),
       )
     ],
-    [f'Each row divided by its own throughput on the {ref}; rows without one are left out.'],
+    [
+      f'Each row divided by its own throughput on the {ref}; rows without throughput on the '
+      f'{ref} and another GPU are left out.'
+    ],
   )
   summ = tables.summary(data, reference)
   out['summary'] = tables.Table(
@@ -83,9 +74,47 @@ def build_tables(
   )
   out['prediction'] = prediction_table(data.records)
   out['forecast'] = forecast_table(data.records if records is None else records)
-  for t in out.values():
-    t.notes.extend(n for n in notes if n not in t.notes)
   return out
+
+
+def cards_notes(data: tables.Data) -> list[str]:
+  """What every table of the 2020 cards shares, said once above them: where their cells were
+  measured or compiled, what emulated and predicted mean, what a column is, the swapped rows."""
+  notes = [cards_measured_on(data.records)]
+  notes.append(EMULATION_NOTE.format(overhead=catalog.CARD_OVERHEAD_BYTES // catalog.MIB))
+  notes.append(
+    'Columns: the eight 2020 cards, then the other cards in the results, by their names; a column '
+    'named "N GB card" is a raw memory size (--memory_gb=N): a card with N GB, less the same '
+    'overhead, that the catalog does not name. Rows: the published figures, then ours by source '
+    '(emulated, predicted, deviceless) and precision, then each of ours over the published one.'
+  )
+  if any(w in published.SWAPPED for w in data.workloads):
+    notes.append(tables.SWAP_MARK.strip() + ' ' + published.SWAP_NOTE)
+  return notes
+
+
+def cards_measured_on(results: list[dict[str, Any]]) -> str:
+  """One line: the GPU that ran the emulated cells and compiled the predicted ones, the host of
+  the deviceless ones, with their JAX versions and dates."""
+  parts = []
+  for kind, what in (
+    ('emulated', 'Emulated cells ran on'),
+    ('predicted', 'predicted cells were compiled on'),
+    ('deviceless', 'deviceless ones were compiled for'),
+  ):
+    mine = [r for r in results if tables.kind_of(tables.source_label(r)) == kind]
+    if not mine:
+      continue
+    kinds = ', '.join(sorted({(r.get('device') or {}).get('kind') or 'a GPU' for r in mine}))
+    jax = ', '.join(sorted({r['jax_version'] for r in mine if r.get('jax_version')}))
+    dates = sorted(r['timestamp'][:10] for r in mine if r.get('timestamp'))
+    span = f'{dates[0]}' + ('' if dates[0] == dates[-1] else f' to {dates[-1]}') if dates else ''
+    extra = ', '.join(x for x in (f'JAX {jax}' if jax else '', span) if x)
+    where = ' on a host without it' if kind == 'deviceless' else ''
+    parts.append(f'{what} {kinds}{where}' + (f' ({extra})' if extra else ''))
+  if not parts:
+    return 'No emulated or predicted cells in these results.'
+  return '; '.join(parts) + '.'
 
 
 ON_DEVICE, DEVICELESS = 'on the GPU', 'deviceless'
@@ -157,60 +186,6 @@ def prediction_table(records: list[dict[str, Any]]) -> tables.Table:
       'host without one (no autotuning).',
     ],
   )
-
-
-def _bars(ax, data: tables.Data, grid, w: str, log: bool) -> None:
-  srcs = [s for s in data.sources[w] if (w, s) in grid]
-  width = 0.8 / max(len(srcs), 1)
-  for i, s in enumerate(srcs):
-    xs = [j + i * width for j in range(len(data.gpus))]
-    ys = [grid[(w, s)].get(g, tables.Cell(None, '')).value or 0 for g in data.gpus]
-    ax.bar(xs, ys, width, label=s)
-  ax.set_title(w + (tables.SWAP_MARK if w in published.SWAPPED else ''), fontsize=9)
-  ax.set_xticks([j + 0.4 - width / 2 for j in range(len(data.gpus))])
-  ax.set_xticklabels([tables.display(g) for g in data.gpus], rotation=60, fontsize=6, ha='right')
-  if log and any(c.value for s in srcs for c in grid[(w, s)].values()):
-    ax.set_yscale('log')
-
-
-def charts(data: tables.Data, reference: str, out_dir: str) -> list[str]:
-  """Bar charts per workload (max batch, throughput) and the normalized summary; PNG paths."""
-  paths = []
-  for name, grid, log in (('max_batch', data.batch, True), ('throughput', data.throughput, False)):
-    ws = [w for w in data.workloads if any((w, s) in grid for s in data.sources[w])]
-    cols = 4
-    rows = max(1, -(-len(ws) // cols))
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
-    for ax, w in zip(axes.flat, ws):
-      _bars(ax, data, grid, w, log)
-    for ax in list(axes.flat)[len(ws) :]:
-      ax.axis('off')
-    handles = {lab: h for ax in axes.flat for h, lab in zip(*ax.get_legend_handles_labels())}
-    fig.legend(handles.values(), handles.keys(), loc='upper center', ncol=4, fontsize=8)
-    fig.suptitle('Largest batch before OOM' if name == 'max_batch' else 'Throughput', y=0.995)
-    fig.tight_layout(rect=(0, 0, 1, 0.95))
-    paths.append(os.path.join(out_dir, f'{name}.png'))
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
-  summ = tables.summary(data, reference)
-  fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(data.gpus)), 4))
-  width = 0.8 / max(len(summ), 1)
-  for i, (s, by_gpu) in enumerate(summ.items()):
-    ax.bar(
-      [j + i * width for j in range(len(data.gpus))],
-      [by_gpu.get(g, (0, 0))[0] for g in data.gpus],
-      width,
-      label=s,
-    )
-  ax.set_xticks([j + 0.4 - width / 2 for j in range(len(data.gpus))])
-  ax.set_xticklabels([tables.display(g) for g in data.gpus], rotation=45, ha='right', fontsize=8)
-  ax.set_ylabel(f'throughput / {catalog.get(reference).display}')
-  ax.legend(fontsize=8)
-  fig.tight_layout()
-  paths.append(os.path.join(out_dir, 'normalized.png'))
-  fig.savefig(paths[-1], dpi=100)
-  plt.close(fig)
-  return paths
 
 
 def forecast_table(records: list[dict[str, Any]]) -> tables.Table:
@@ -288,14 +263,18 @@ def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[st
     paths.append(os.path.join(out_dir, f'{name}.csv'))
     with open(paths[-1], 'w') as f:
       f.write(built[name].csv())
-  pngs = charts(data, reference, out_dir)
+  paths.append(os.path.join(out_dir, TIDY))
+  with open(paths[-1], 'w') as f:
+    f.write(tables.tidy_csv(tables.tidy(data, measured.latest(records))))
+  pngs = charts.write(data, reference, out_dir)
   names = [os.path.basename(p) for p in store_paths]
   links = ', '.join(f'[{n}]({os.path.relpath(p, out_dir)})' for n, p in zip(names, store_paths))
   md = [
     '# jaxbench results',
     '',
     f'{measured.measured_on(records)} Rendered from {links} ({len(records)} results), every '
-    'table also as CSV beside this page.',
+    f'table also as CSV beside this page, and every figure in one CSV, a row per source, '
+    f'workload, precision and GPU, numbers as numbers ([{TIDY}]({TIDY})).',
     '',
     '## Measured runs',
     '',
@@ -308,9 +287,20 @@ def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[st
     f'Max batch and throughput on the 2020 benchmark\'s cards, emulated or predicted, beside the '
     f'published figures ({published.SOURCE}).',
     '',
+    *[f'- {n}' for n in cards_notes(data)],
+    '',
   ]
   md += [built[name].markdown() + '\n' for name in ORDER]
-  md += [f'![{os.path.basename(p)}]({os.path.basename(p)})' for p in pngs]
+  md += [
+    '## Charts',
+    '',
+    'Each source has one colour in every chart: black the published 2020 figures, blue emulated, '
+    'orange predicted on the GPU, green predicted deviceless, darker for fp32 than for fp16. OOM '
+    'is written at the axis; a hatched bar with "≥" is a lower bound. An emulated throughput is '
+    'the measuring GPU\'s speed at the card\'s max batch, not the card\'s own.',
+    '',
+  ]
+  md += [f'![{os.path.basename(p)}]({os.path.basename(p)})\n' for p in pngs]
   md += [
     '',
     '## Rendering',

@@ -76,6 +76,16 @@ def source_label(record: dict[str, Any]) -> str:
   return f"{kind} {record['precision']}{extra}"
 
 
+def kind_of(source: str) -> str:
+  """The kind of a source label: published, emulated, predicted (on the GPU), deviceless
+  (predicted on a host without the GPU) or measured."""
+  if source.startswith(PUBLISHED):
+    return 'published'
+  if source.startswith('predicted (deviceless)'):
+    return 'deviceless'
+  return next((k for k in ('predicted', 'emulated') if source.startswith(k)), 'measured')
+
+
 def _batch_cell(r: dict[str, Any]) -> Cell:
   if r['status'] in ('ok', 'invalid'):
     bound = store.lower_bound(r)
@@ -175,11 +185,14 @@ def metric_table(data: Data, grid: dict, title: str, unit_note: str) -> Table:
 
 
 def normalized(data: Data, reference: str) -> dict[tuple[str, str], dict[str, float]]:
-  """Throughput / the same row's throughput on the reference GPU."""
+  """Throughput / the same row's throughput on the reference GPU, for rows with throughput on
+  the reference and at least one other GPU (a row alone on the reference says nothing)."""
   out = {}
   for key, cells in data.throughput.items():
     ref = cells.get(reference)
     if ref is None or not ref.value:
+      continue
+    if sum(c.value is not None for c in cells.values()) < 2:
       continue
     out[key] = {g: c.value / ref.value for g, c in cells.items() if c.value is not None}
   return out
@@ -197,3 +210,95 @@ def summary(data: Data, reference: str) -> dict[str, dict[str, tuple[float, int]
     src: {g: (math.exp(sum(v) / len(v)), len(v)) for g, v in by_gpu.items()}
     for src, by_gpu in logs.items()
   }
+
+
+TIDY_HEADER = [
+  'source',
+  'kind',
+  'workload',
+  'precision',
+  'gpu',
+  'memory',
+  'status',
+  'max_batch',
+  'unit',
+  'units_per_s',
+  'throughput_unit',
+  'median_step_s',
+  'spread_pct',
+  'tflops_per_s',
+  'device',
+  'timestamp',
+]
+
+
+def status_of(r: dict[str, Any]) -> str:
+  """ok, oom, lower_bound (a search stopped at --max_examples) or failed (anything else)."""
+  if r.get('status') == 'ok':
+    return 'lower_bound' if store.lower_bound(r) else 'ok'
+  return 'oom' if r.get('status') == 'oom' else 'failed'
+
+
+def tidy(data: Data, measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """One row per source, workload, precision and GPU (and memory, for measured runs), numbers as
+  numbers: the published 2020 figures, the emulated and predicted cells (data), the measured
+  runs (`measured`: measured.latest's rows). Empty where a figure does not apply."""
+  rows = []
+  for p in published.rows():
+    rows.append(
+      {
+        'source': PUBLISHED,
+        'kind': 'published',
+        'workload': p.workload,
+        'precision': p.precision,
+        'gpu': p.gpu,
+        'memory': f'{p.memory_gb:g} GB',
+        'status': 'ok' if p.max_batch else 'oom',
+        'max_batch': p.max_batch or None,
+        'unit': p.batch_unit,
+        'units_per_s': p.throughput if p.max_batch else None,
+        'throughput_unit': p.throughput_unit,
+      }
+    )
+  for r in data.records:
+    rows.append(_tidy_record(r, source_label(r), r['emulation']['gpu']))
+  for r in measured:
+    rows.append(_tidy_record(r, f"measured {r['precision']}", None))
+  return [{k: row.get(k) for k in TIDY_HEADER} for row in rows]
+
+
+def _tidy_record(r: dict[str, Any], source: str, gpu: str | None) -> dict[str, Any]:
+  m = r.get('measurement') or {}
+  device = r.get('device') or {}
+  status = status_of(r)
+  limit = (r.get('memory') or {}).get('limit_bytes')
+  return {
+    'source': source,
+    'kind': kind_of(source),
+    'workload': r['workload'],
+    'precision': r['precision'],
+    'gpu': gpu or device.get('kind'),
+    'memory': display(gpu) if gpu else ('full' if not limit else f'{limit / 1e9:g} GB'),
+    'status': status,
+    'max_batch': r.get('max_batch') if status in ('ok', 'lower_bound') else None,
+    'unit': r.get('unit'),
+    'units_per_s': m.get('units_per_s') if r.get('mode') != 'predict' else None,
+    'throughput_unit': r.get('throughput_unit'),
+    'median_step_s': m.get('median_step_s'),
+    'spread_pct': m.get('spread_pct'),
+    'tflops_per_s': m.get('tflops_per_s'),
+    'device': device.get('kind') + (' (deviceless)' if device.get('deviceless') else '')
+    if device.get('kind')
+    else None,
+    'timestamp': r.get('timestamp'),
+  }
+
+
+def tidy_csv(rows: list[dict[str, Any]]) -> str:
+  """The tidy rows as CSV: numbers unformatted, None as an empty field."""
+  buf = io.StringIO()
+  writer = csv.DictWriter(buf, TIDY_HEADER, lineterminator='\n')
+  writer.writeheader()
+  for row in rows:
+    writer.writerow({k: '' if v is None else v for k, v in row.items()})
+  return buf.getvalue()
