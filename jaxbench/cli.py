@@ -188,8 +188,6 @@ def _hints(paths: tuple[str, ...]) -> list[str]:
 
   warnings = []
   for path in paths:
-    if not os.path.isfile(path):
-      raise UsageError(f'--search_hints: {path} is not a file')
     try:
       records, warning = store.read(path)
     except (OSError, UnicodeError) as e:
@@ -203,6 +201,9 @@ def _hints(paths: tuple[str, ...]) -> list[str]:
 
 def _search_conflicts(a: Args) -> None:
   """The advanced search flags that exclude each other or a fixed batch."""
+  for path in a.search_hints:
+    if not os.path.isfile(path):
+      raise UsageError(f'--search_hints: {path} is not a file')
   if a.search_resume and (not a.search_hints or a.batch_size is not None):
     raise UsageError(
       '--search_resume goes on with a search from the results in --search_hints: give those, '
@@ -257,8 +258,8 @@ def plan(a: Args) -> Plan:
       'choose a workload with --model=NAME (or --model=all); --list_models lists them'
     )
   workloads = resolve_models(a.model) if a.model else tuple(registry.all_workloads())
-  warnings = _hints(a.search_hints)
   _search_conflicts(a)
+  warnings = _hints(a.search_hints)
   if a.steps < a.windows:
     raise UsageError(f'--steps ({a.steps}) must be at least --windows ({a.windows})')
   if a.describe and (a.batch_size is not None or a.output):

@@ -179,3 +179,35 @@ def test_a_float_key_never_takes_nan():
         with pytest.raises(ValueError):
           w.resolve(overrides={key: 'nan'})
         assert math.isfinite(w.resolve()[key])
+
+
+# Values at the edge of their ranges and constraints, which the model code must still build.
+EDGES = [
+  ('bert_base', {'heads': '32', 'layers': '1', 'masked': '15'}),
+  ('bert_squad', {'question_len': '22'}),
+  ('mask_rcnn', {'blocks': '[3,4,6,3]'}),
+  ('deeplabv3', {'output_stride': '8'}),
+  ('yolov3', {'image': '32'}),
+  ('pix2pixhd', {'height': '8', 'width': '8'}),
+  ('nasnet_large', {'num_reductions': '0'}),
+  ('stylegan', {'mbstd_features': '16'}),
+  ('conv_seq2seq', {'src_len': '15', 'tgt_len': '15'}),
+  ('unsupmt', {'seq_len': '11'}),
+  ('transformer_big', {'d_model': '4', 'heads': '4', 'ffn': '8'}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name, overrides', EDGES)
+def test_values_at_the_edges_build_and_step(name, overrides):
+  import jax  # pylint: disable=g-import-not-at-top
+
+  from models import precision  # pylint: disable=g-import-not-at-top
+
+  w = registry.get(name)
+  cfg = w.resolve(tiny=True, overrides=overrides)
+  trainer = w.trainer(cfg, precision.get('fp32'))
+  state = jax.eval_shape(trainer.init, jax.random.key(0))
+  batch = jax.eval_shape(lambda r: trainer.make_batch(r, w.example_size(cfg)), jax.random.key(1))
+  _, metrics = jax.eval_shape(trainer.step, state, batch, jax.random.key(2))
+  assert metrics['loss'].shape == ()
