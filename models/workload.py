@@ -167,13 +167,15 @@ def _value(default: Any, key: Key, value: Any) -> Any:
         value = kind(value.strip())
       except ValueError:
         raise ValueError(f'must be {key.describe(kind)}') from None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-      raise ValueError(f'must be {key.describe(kind)}')
-    if kind is int and value != int(value):
+    if (
+      isinstance(value, bool)
+      or not isinstance(value, (int, float))
+      or not math.isfinite(value)
+      or (kind is int and value != int(value))
+      or not key.allows(kind(value))
+    ):
       raise ValueError(f'must be {key.describe(kind)}')
     value = kind(value)
-    if not math.isfinite(value) or not key.allows(value):
-      raise ValueError(f'must be {key.describe(kind)}')
   if key.choices and value not in key.choices:
     raise ValueError(f'must be one of {", ".join(map(str, key.choices))}')
   return value
