@@ -2,7 +2,9 @@
 
 from absl import flags
 
-OUT = flags.DEFINE_string('out', None, 'Write the report (Markdown, CSV, PNG) in this directory.')
+OUT = flags.DEFINE_string(
+  'out', None, 'Write the report (Markdown, CSV, PNG) in this directory, made if missing.'
+)
 REFERENCE_GPU = flags.DEFINE_string(
   'reference_gpu',
   'quadro_rtx_8000',

@@ -56,9 +56,16 @@ TINY = flags.DEFINE_bool(
 SET = flags.DEFINE_multi_string(
   'set',
   [],
-  'Override a key of the workload\'s config, as KEY=VALUE (e.g. --set=src_len=40)',
+  'Override a key of the workload\'s config, as KEY=VALUE (e.g. --set=src_len=40; lists as '
+  '--set=blocks=[3,4,6,3], booleans as true/false), checked against the key\'s range before '
+  'anything is built; --describe shows the config.',
 )
-OUTPUT = flags.DEFINE_string('output', None, 'Append each result to this file as one JSON line.')
+OUTPUT = flags.DEFINE_string(
+  'output',
+  None,
+  'Append each result to this file as one JSON line. It is proven writable before the run; a '
+  'result that cannot be written goes whole to stderr.',
+)
 PROFILE_DIR = flags.DEFINE_string(
   'profile_dir',
   None,

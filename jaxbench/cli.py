@@ -116,6 +116,7 @@ class Plan:
   remat: bool = False
   output: str | None = None
   progress_file: str | None = None
+  warnings: tuple[str, ...] = ()  # what is wrong but does not stop the run: one line each
 
 
 def parse_overrides(items: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
@@ -137,6 +138,66 @@ def resolve_models(names: tuple[str, ...] | list[str]) -> tuple[wl.Workload, ...
     return tuple(registry.get(n) for n in dict.fromkeys(names))
   except KeyError as e:
     raise UsageError(e.args[0]) from None
+
+
+def unwritable(path: str, replaced: bool = False) -> str | None:
+  """Why the file `path` cannot be written, in words, or None.
+
+  An existing file is opened for append (it changes nothing); a new one is proven by creating,
+  writing and removing a probe beside it, so nothing is left behind. `replaced`: the file is
+  rewritten whole by a rename (records.replace_json), which its directory must allow.
+  """
+  parent = os.path.dirname(os.path.abspath(path))
+  if os.path.isdir(path):
+    return f'{path} is a directory'
+  if not os.path.isdir(parent):
+    return f'directory {parent} does not exist'
+  if os.path.exists(path):
+    if not os.path.isfile(path):
+      return f'{path} is not a regular file'
+    if not replaced:
+      try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+      except OSError as e:
+        return f'cannot write {path}: {e.strerror}'
+      return None
+  return unwritable_dir(parent)
+
+
+def unwritable_dir(directory: str) -> str | None:
+  """Why no file can be created in `directory` (a probe written, synced and removed), or None."""
+  probe = os.path.join(directory, f'.jaxbench-probe-{os.getpid()}')
+  try:
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+  except OSError as e:
+    return f'cannot create a file in {directory}: {e.strerror}'
+  try:
+    os.write(fd, b'\n' * 4096)  # about a result's size: a full disk refuses it
+    os.fsync(fd)
+  except OSError as e:
+    return f'cannot write in {directory}: {e.strerror}'
+  finally:
+    os.close(fd)
+    os.remove(probe)
+  return None
+
+
+def _hints(paths: tuple[str, ...]) -> list[str]:
+  """--search_hints: files of results, each readable with at least one result in it; the
+  warning lines of those with lines that are not results (the run skips those lines)."""
+  from jaxbench.results import store  # pylint: disable=g-import-not-at-top
+
+  warnings = []
+  for path in paths:
+    try:
+      records, warning = store.read(path)
+    except (OSError, UnicodeError) as e:
+      raise UsageError(f'--search_hints: cannot read {path}: {getattr(e, "strerror", e)}') from None
+    if not records and os.path.getsize(path):
+      raise UsageError(f'--search_hints: {path} holds no result (a JSON Lines file of results)')
+    if warning:
+      warnings.append(warning)
+  return warnings
 
 
 def _search_conflicts(a: Args) -> None:
@@ -169,15 +230,13 @@ def _search_conflicts(a: Args) -> None:
 def _files(a: Args) -> None:
   """--output and --progress_file: files that can be written, and not the same one."""
   if a.output:
-    parent = os.path.dirname(os.path.abspath(a.output))
-    if not os.path.isdir(parent):
-      raise UsageError(f'--output: directory {parent} does not exist')
-    if os.path.isdir(a.output):
-      raise UsageError(f'--output: {a.output} is a directory')
+    problem = unwritable(a.output)
+    if problem:
+      raise UsageError(f'--output: {problem}')
   if a.progress_file:
-    parent = os.path.dirname(os.path.abspath(a.progress_file))
-    if not os.path.isdir(parent) or os.path.isdir(a.progress_file):
-      raise UsageError(f'--progress_file: {a.progress_file} is not a file in an existing directory')
+    problem = unwritable(a.progress_file, replaced=True)
+    if problem:
+      raise UsageError(f'--progress_file: {problem}')
     if a.describe:
       raise UsageError('--describe runs nothing: it takes no --progress_file')
     if a.output and os.path.abspath(a.output) == os.path.abspath(a.progress_file):
@@ -201,6 +260,7 @@ def plan(a: Args) -> Plan:
     )
   workloads = resolve_models(a.model) if a.model else tuple(registry.all_workloads())
   _search_conflicts(a)
+  warnings = _hints(a.search_hints)
   if a.steps < a.windows:
     raise UsageError(f'--steps ({a.steps}) must be at least --windows ({a.windows})')
   if a.describe and (a.batch_size is not None or a.output):
@@ -236,4 +296,4 @@ def plan(a: Args) -> Plan:
     profile_dir=a.profile_dir,
   )
   action = 'describe' if a.describe else 'check' if a.check else 'run'
-  return Plan(action, workloads, options, a.remat, a.output, a.progress_file)
+  return Plan(action, workloads, options, a.remat, a.output, a.progress_file, tuple(warnings))

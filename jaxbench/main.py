@@ -90,6 +90,8 @@ def main(argv: list[str]) -> int:
       fail(str(e))
     tiny = bool(tiny)  # the described GPU gets full size unless --tiny says otherwise
   if plan.action == 'check':
+    for line in plan.warnings:
+      print(f'jaxbench: {line}', file=sys.stderr)
     print(f'jaxbench: ok: the flags are valid for {", ".join(w.name for w in plan.workloads)}')
     return 0
   try:

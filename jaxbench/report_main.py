@@ -31,6 +31,18 @@ def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[st
   return render.write(store_paths, out_dir, reference)
 
 
+def unwritable_dir(path: str) -> str | None:
+  """Why the report cannot be written in the directory `path` (made if missing), or None."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    return f'{path} is a file, not a directory'
+  existing = os.path.abspath(path)
+  while not os.path.exists(existing):  # the directories render.write makes
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    return f'{existing} is a file, not a directory'
+  return cli.unwritable_dir(existing)
+
+
 def main(argv: list[str]) -> int:
   del argv  # cli.flags_parser refuses arguments that are not flags
   from jaxbench.cards import catalog  # pylint: disable=g-import-not-at-top
@@ -48,6 +60,9 @@ def main(argv: list[str]) -> int:
     catalog.get(reference)
   except catalog.CatalogError as e:
     _fail(f'--reference_gpu: {e}')
+  problem = unwritable_dir(out_dir)
+  if problem:
+    _fail(f'--out: {problem}')
   for path in write(store_paths, out_dir, reference):
     print(path)
   return 0

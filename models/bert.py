@@ -187,6 +187,28 @@ BERT_BASE_CONFIG = dict(
   warmup=10000,
   total_steps=1000000,
 )
+# What the keys accept beyond their type's range (workload.Key), and together.
+ENCODER_SPEC = dict(
+  vocab=wl.Key(lo=2), type_vocab=wl.Key(lo=2), dropout=wl.FRACTION, warmup=wl.NATURAL
+)
+
+
+def check_encoder(cfg):
+  """What the encoder assumes: whole heads, a position embedding for every token."""
+  h, heads, length, positions = cfg['hidden'], cfg['heads'], cfg['seq_len'], cfg['max_positions']
+  return wl.first(
+    (h % heads != 0, f'heads ({heads}) must divide hidden ({h})'),
+    (length > positions, f'seq_len ({length}) must be at most max_positions ({positions})'),
+  )
+
+
+def check_pretraining(cfg):
+  masked, length = cfg['masked'], cfg['seq_len']
+  return check_encoder(cfg) or wl.first(
+    (masked >= length, f'masked ({masked}) must be less than seq_len ({length})'),
+  )
+
+
 # The encoder of every tiny BERT preset (bert_base, bert_squad, mt_dnn).
 TINY_ENCODER = dict(vocab=128, hidden=32, layers=2, heads=4, ffn=64, max_positions=32)
 BERT_TINY = dict(
@@ -205,6 +227,8 @@ BERT_BASE = wl.Workload(
   throughput_unit='sequences/s',
   config=BERT_BASE_CONFIG,
   tiny=BERT_TINY,
+  spec=ENCODER_SPEC,
+  check=check_pretraining,
   trainer=wl.supervised(
     lambda cfg, dtype: BertPretraining(cfg, dtype), make_batch, pretraining_loss, adamw
   ),
@@ -279,6 +303,17 @@ BERT_SQUAD_TINY = dict(
   total_steps=1000,
 )
 
+
+def check_squad(cfg):
+  question, length = cfg['question_len'], cfg['seq_len']
+  return check_encoder(cfg) or wl.first(
+    (
+      question > length - 2,
+      f'question_len ({question}) must be at most seq_len - 2 ({length - 2})',
+    ),
+  )
+
+
 BERT_SQUAD = wl.Workload(
   name='bert_squad',
   description='BERT-base uncased SQuAD 1.1 fine-tuning at sequence length 384 (span head)',
@@ -286,6 +321,8 @@ BERT_SQUAD = wl.Workload(
   throughput_unit='sequences/s',
   config=BERT_SQUAD_CONFIG,
   tiny=BERT_SQUAD_TINY,
+  spec=ENCODER_SPEC,
+  check=check_squad,
   trainer=wl.supervised(lambda cfg, dtype: BertSquad(cfg, dtype), squad_batch, squad_loss, adamw),
   flops_per_example=squad_flops,
 )

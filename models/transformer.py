@@ -185,6 +185,15 @@ def flops_per_example(cfg):
   return 3.0 * forward
 
 
+def check(cfg):
+  """Whole heads, and sinusoidal positions of an even width (sines, then cosines)."""
+  d, heads = cfg['d_model'], cfg['heads']
+  return wl.first(
+    (d % heads != 0, f'heads ({heads}) must divide d_model ({d})'),
+    (d % 2 != 0 or d < 4, f'd_model ({d}) must be even and at least 4'),
+  )
+
+
 TRANSFORMER_BIG = wl.Workload(
   name='transformer_big',
   description='Transformer Big (fairseq transformer_vaswani_wmt_en_de_big), WMT en-de, FP16',
@@ -219,6 +228,8 @@ TRANSFORMER_BIG = wl.Workload(
     tgt_len=8,
     dropout=0.1,
   ),
+  spec=dict(vocab=wl.Key(lo=2), dropout=wl.FRACTION, label_smoothing=wl.FRACTION),
+  check=check,
   trainer=wl.supervised(lambda cfg, dtype: TransformerBig(cfg, dtype), make_batch, loss, optimizer),
   flops_per_example=flops_per_example,
   # max_tokens counts padded tokens of the longer side: sentences x max(S, T).

@@ -8,7 +8,10 @@ other multi-step iterations write their own `Trainer` (the escape hatch) and
 the harness still jits and donates it the same way.
 """
 
+import ast
 import dataclasses
+import json
+import math
 import types
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -51,6 +54,133 @@ def _one(cfg: Config) -> int:
   return 1
 
 
+def _no_check(cfg: Config) -> None:
+  del cfg
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+  """What one config key accepts. Its type is its default's: bool, int, float, str, or a tuple
+  of these (nested tuples too, e.g. (width, kernel) pairs), each number checked alone.
+
+  Without a Key a number must be at least 1 (an int: a size, a count) or at least 0 and finite
+  (a float), and a tuple keeps its default's length. `lo`/`hi` bound a number inclusively,
+  `above`/`below` exclusively; `choices` lists the values a key takes; `sized=False` lets a
+  tuple take any length of one or more; `kind=float` takes numbers where the default has ints.
+  """
+
+  lo: float | None = None
+  hi: float | None = None
+  above: float | None = None
+  below: float | None = None
+  choices: tuple = ()
+  sized: bool = True
+  kind: type | None = None  # the numbers' type where the default's is not it (float for int)
+
+  def allows(self, x: float) -> bool:
+    lo = self.lo if self.lo is not None or self.above is not None else _DEFAULT_LO[type(x)]
+    return not (
+      (lo is not None and x < lo)
+      or (self.hi is not None and x > self.hi)
+      or (self.above is not None and x <= self.above)
+      or (self.below is not None and x >= self.below)
+    )
+
+  def describe(self, kind: type) -> str:
+    """The numbers allowed, in words: 'an integer at least 1'."""
+    lo = self.lo if self.lo is not None or self.above is not None else _DEFAULT_LO[kind]
+    bounds = [
+      f'at least {_num(lo)}' if lo is not None else '',
+      f'above {_num(self.above)}' if self.above is not None else '',
+      f'below {_num(self.below)}' if self.below is not None else '',
+      f'at most {_num(self.hi)}' if self.hi is not None else '',
+    ]
+    what = 'an integer' if kind is int else 'a finite number'
+    bounds = [b for b in bounds if b]
+    return f'{what} {" and ".join(bounds)}' if bounds else what
+
+
+_DEFAULT_LO = {int: 1, float: 0.0}
+# The ranges most keys other than sizes and counts take.
+NATURAL = Key(lo=0)  # an int that may be 0: steps of a warm-up, ...
+FRACTION = Key(lo=0, below=1)  # a dropout rate, ...
+PROBABILITY = Key(lo=0, hi=1)
+
+
+def first(*problems: tuple[bool, str]) -> str | None:
+  """The first broken constraint of a `check`: its words where its condition holds, else None."""
+  return next((text for broken, text in problems if broken), None)
+
+
+_BOOLS = {'true': True, '1': True, 'false': False, '0': False}
+
+
+def _num(x: float) -> str:
+  return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _plural(default: Any, kind: type | None) -> str:
+  if isinstance(default, tuple):
+    return f'lists of {_plural(default[0], kind)}'
+  return {bool: 'booleans', int: 'integers', float: 'numbers', str: 'strings'}[
+    kind or type(default)
+  ]
+
+
+def _shape(default: tuple, key: 'Key') -> str:
+  """A tuple default's type in words: 'a list of integers', 'a list of lists of numbers'."""
+  return f'a list of {_plural(default[0], key.kind)}'
+
+
+def parse(default: Any, key: Key, value: Any) -> Any:
+  """`value` (the text of --set, or a value) as the type of `default`; ValueError if it is not
+  one, or lies outside `key`'s range. Lists parse from `[3,4,6,3]` or `3,4,6,3`."""
+  if isinstance(value, str) and isinstance(default, tuple):
+    text = value.strip()
+    try:
+      value = ast.literal_eval(text if text[:1] in '[(' else f'[{text}]')
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+      raise ValueError(f'is not {_shape(default, key)}') from None
+  return _value(default, key, value)
+
+
+def _value(default: Any, key: Key, value: Any) -> Any:
+  kind = type(default) if isinstance(default, (tuple, str, bool)) else key.kind or type(default)
+  if kind is bool:
+    text = str(value).strip().lower()
+    if text not in _BOOLS:
+      raise ValueError('must be true or false (or 1 or 0)')
+    return _BOOLS[text]
+  if kind is str:
+    value = str(value)
+  elif kind is tuple:
+    if not isinstance(value, (list, tuple)) or not value:
+      raise ValueError(f'must be {_shape(default, key)}, not empty')
+    if key.sized and len(value) != len(default):
+      raise ValueError(f'must be {_shape(default, key)} of length {len(default)}')
+    inner = dataclasses.replace(key, sized=True)
+    return tuple(_value(default[min(i, len(default) - 1)], inner, v) for i, v in enumerate(value))
+  elif kind in (int, float):
+    if isinstance(value, str):
+      try:
+        value = kind(value.strip())
+      except ValueError:
+        raise ValueError(f'must be {key.describe(kind)}') from None
+    if (
+      isinstance(value, bool)
+      or not isinstance(value, (int, float))
+      or not math.isfinite(value)
+      or (kind is int and value != int(value))
+      or not key.allows(kind(value))
+    ):
+      raise ValueError(f'must be {key.describe(kind)}')
+    value = kind(value)
+  if key.choices and value not in key.choices:
+    raise ValueError(f'must be one of {", ".join(map(str, key.choices))}')
+  return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Workload:
   """One benchmark workload: its 2020 configuration and how to train it.
@@ -80,8 +210,11 @@ class Workload:
   # Raised when the same configuration's compiled program changes (and with it its memory):
   # results record it, and --search_hints takes forecasts only from the same revision.
   revision: int = 1
-  # Config keys that take one of a few values: key -> the allowed values (checked by resolve).
-  choices: Mapping[str, tuple] = dataclasses.field(default_factory=dict)
+  # What each config key accepts where it is more than its type's default range (see Key).
+  spec: Mapping[str, Key] = dataclasses.field(default_factory=dict)
+  # What the keys must satisfy together (heads divide the width, ...): the broken constraint
+  # in words, or None. resolve checks it after each key alone.
+  check: Callable[[Config], str | None] = _no_check
   # Build the initial state op by op on the host CPU instead of as one jitted program (see
   # program.Program.initial_state): for models whose jitted init takes minutes to compile.
   eager_init: bool = False
@@ -89,24 +222,42 @@ class Workload:
   def __post_init__(self):
     object.__setattr__(self, 'config', types.MappingProxyType(dict(self.config)))
     object.__setattr__(self, 'tiny', types.MappingProxyType(dict(self.tiny)))
-    unknown = set(self.tiny) - set(self.config)
-    if unknown:
-      raise ValueError(f'{self.name}: tiny preset sets unknown keys {sorted(unknown)}')
+    for what, keys in (('tiny preset', self.tiny), ('spec', self.spec)):
+      unknown = set(keys) - set(self.config)
+      if unknown:
+        raise ValueError(f'{self.name}: {what} names unknown keys {sorted(unknown)}')
 
   def resolve(self, tiny: bool = False, overrides: Config | None = None) -> dict[str, Any]:
-    """The configuration to run: full size or the tiny preset, plus overrides."""
+    """The configuration to run: full size or the tiny preset, plus overrides, each parsed as
+    its key's type and checked against its range, then the keys together (`check`).
+
+    Raises ValueError with one line that names the key, the value and what is allowed.
+    """
     cfg = dict(self.config)
     if tiny:
       cfg.update(self.tiny)
-    for key, value in (overrides or {}).items():
+    overrides = dict(overrides or {})
+    for key, value in overrides.items():
       if key not in cfg:
         raise ValueError(f'{self.name} has no config key {key!r}; keys: {", ".join(sorted(cfg))}')
-      cfg[key] = type(cfg[key])(value) if cfg[key] is not None else value
-    for key, allowed in self.choices.items():
-      if cfg[key] not in allowed:
-        options = ', '.join(allowed)
-        raise ValueError(f'{self.name}: {key} must be one of {options}, got {cfg[key]!r}')
+      cfg[key] = value
+    for key, value in cfg.items():
+      try:
+        cfg[key] = parse(self.config[key], self.spec.get(key, Key()), value)
+      except ValueError as e:
+        raise ValueError(f'{self.name}: {key} {e}, got {_text(value)}') from None
+    problem = self.check(cfg)
+    if problem:
+      given = ', '.join(f'{k}={_text(v)}' for k, v in overrides.items())
+      raise ValueError(f'{self.name}: {problem}' + (f' (given {given})' if given else ''))
     return cfg
+
+
+def _text(value: Any) -> str:
+  """A value as the user wrote it or would: lists in brackets, without spaces."""
+  if isinstance(value, str):
+    return value
+  return json.dumps(value, separators=(',', ':')) if isinstance(value, tuple) else str(value)
 
 
 @flax.struct.dataclass

@@ -32,7 +32,10 @@ class Toy:
     default_factory=lambda: {'width': 64, 'resample': 'phases', 'lr': 0.001}
   )
   tiny: dict = dataclasses.field(default_factory=lambda: {'width': 8})
-  choices: dict = dataclasses.field(default_factory=lambda: {'resample': ('phases', 'shifts')})
+  spec: dict = dataclasses.field(
+    default_factory=lambda: {'resample': wl.Key(choices=('phases', 'shifts'))}
+  )
+  check = staticmethod(lambda cfg: None)
   resolve = wl.Workload.resolve
 
 

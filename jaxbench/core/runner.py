@@ -4,6 +4,7 @@ The progress of a run (each workload's header, each probe) goes to stderr; its r
 table and its notes, or the predictions) to stdout.
 """
 
+import os
 import sys
 from typing import Any
 
@@ -26,16 +27,47 @@ def run(
   memory: backend.MemorySetup,
   target: Any = None,
 ) -> int:
-  """Returns the exit status: 0 when every result is ok or out of memory, else 1.
+  """Returns the exit status: 0 when every result is ok or out of memory and stored, else 1
+  (2 when --output cannot be opened: nothing has run).
 
   `target`: with --predict, the described GPU to compile for (jaxbench.cards.deviceless).
   """
-  predicting = req.kind == emulation.PREDICT
-  gpu = req.gpus[0] if req.gpus and not predicting else None
-  results = []
 
   def log(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+  # The output is opened before any work, so a run cannot end with nowhere to put its result.
+  try:
+    out = report.open_append(plan.output) if plan.output else None
+  except OSError as e:
+    log(f'jaxbench: error: --output: cannot write {plan.output}: {e.strerror}')
+    return 2
+  try:
+    return _run(plan, options, req, memory, target, out, log)
+  finally:
+    if out is not None:
+      os.close(out)
+
+
+def _run(plan, options, req, memory, target, out, log) -> int:
+  predicting = req.kind == emulation.PREDICT
+  gpu = req.gpus[0] if req.gpus and not predicting else None
+  results = []
+  lost = []
+
+  def store(result: dict) -> None:
+    """Append the result to --output; if that fails, the result goes whole to stderr."""
+    if out is None:
+      return
+    try:
+      report.write_jsonl(out, result, plan.output)
+    except OSError as e:
+      lost.append(result['workload'])
+      log(
+        f'jaxbench: error: --output: cannot write {plan.output} ({e.strerror or e}); '
+        f'the result of {result["workload"]} is the next line'
+      )
+      log(report.json_line(result))
 
   def annotated(record: dict) -> dict:
     # A prediction's records carry their own card (predict annotates each one).
@@ -47,7 +79,10 @@ def run(
     # once the run has written its own: what a run killed before it could (a SIGKILL, a
     # lost machine) had found; a prediction's, the card it is searching.
     def checkpoint(record: dict) -> None:
-      report.replace_json(plan.progress_file, annotated(record))
+      try:
+        report.replace_json(plan.progress_file, annotated(record))
+      except OSError as e:  # the progress is an aid: the run goes on without it
+        log(f'jaxbench: warning: --progress_file: cannot write {plan.progress_file}: {e.strerror}')
 
   for w in plan.workloads:
     log(f'{w.name}: {_what(predicting, options, target)}{" (tiny preset)" if options.tiny else ""}')
@@ -60,14 +95,12 @@ def run(
         produced = [annotated(bench.run(w, options, memory, log, checkpoint))]
       for result in produced:
         results.append(result)
-        if plan.output:
-          report.append_jsonl(plan.output, result)  # each result whole, as soon as it exists
+        store(result)  # each result whole, as soon as it exists
         report.discard(plan.progress_file)
     except bench.Interrupted as stop:
       # What the search found is kept (status 'interrupted'); a sweep reruns such a cell.
       result = annotated(stop.result)
-      if plan.output:
-        report.append_jsonl(plan.output, result)
+      store(result)
       report.discard(plan.progress_file)
       if predicting:
         print('\n'.join(predict.line(r) for r in [*results, result]), flush=True)
@@ -83,4 +116,4 @@ def run(
     for r in results:
       if r['emulation']:
         print(f"{r['workload']}: {r['emulation']['how']}, as a {r['emulation']['display']}")
-  return 0 if all(r['status'] in ('ok', 'oom') for r in results) else 1
+  return 0 if not lost and all(r['status'] in ('ok', 'oom') for r in results) else 1

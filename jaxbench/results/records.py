@@ -77,19 +77,35 @@ def table(results: Iterable[dict[str, Any]]) -> str:
   return '\n'.join(lines)
 
 
-def append_jsonl(path: str, result: dict[str, Any]) -> None:
-  """Append one result as one line, in a single write, flushed to disk.
+def json_line(result: dict[str, Any]) -> str:
+  """One result as the one line of JSON Lines that stores it, without the newline."""
+  return json.dumps(result, sort_keys=True, default=str)
+
+
+def open_append(path: str) -> int:
+  """The file descriptor of `path` opened for append_jsonl's writes, created if new."""
+  return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+
+def write_jsonl(fd: int, result: dict[str, Any], path: str = '') -> None:
+  """Append one result as one line to the file `fd` (open_append), in a single write, flushed
+  to disk.
 
   One os.write of a whole line on a file opened with O_APPEND lands whole or
   not at all, so a reader never sees half a result, even if we are killed.
   """
-  line = (json.dumps(result, sort_keys=True, default=str) + '\n').encode()
-  fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+  line = (json_line(result) + '\n').encode()
+  written = os.write(fd, line)
+  if written != len(line):
+    raise OSError(f'short write to {path or "the output"}: {written} of {len(line)} bytes')
+  os.fsync(fd)
+
+
+def append_jsonl(path: str, result: dict[str, Any]) -> None:
+  """Append one result to `path` as one line (write_jsonl)."""
+  fd = open_append(path)
   try:
-    written = os.write(fd, line)
-    if written != len(line):
-      raise OSError(f'short write to {path}: {written} of {len(line)} bytes')
-    os.fsync(fd)
+    write_jsonl(fd, result, path)
   finally:
     os.close(fd)
 

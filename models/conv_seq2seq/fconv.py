@@ -302,6 +302,17 @@ def flops_per_example(cfg):
   return 3.0 * (s * enc_token + t * dec_token)
 
 
+def check(cfg):
+  """A position embedding for every token (positions count from PAD + 1)."""
+  length, positions = max(cfg['src_len'], cfg['tgt_len']), cfg['max_positions']
+  return wl.first(
+    (
+      length + PAD >= positions,
+      f'src_len and tgt_len must be less than max_positions ({positions})',
+    ),
+  )
+
+
 FCONV_WMT_EN_DE = wl.Workload(
   name='conv_seq2seq',
   description='ConvS2S (fairseq fconv_wmt_en_de), WMT14 en-de, FP32',
@@ -343,7 +354,15 @@ FCONV_WMT_EN_DE = wl.Workload(
   trainer=wl.supervised(lambda cfg, dtype: FConv(cfg, dtype), make_batch, loss, optimizer),
   # 2: the convolution keeps only its input and kernel for the backward pass (a custom VJP).
   revision=2,
-  choices={'conv_impl': CONV_IMPLS},
+  spec=dict(
+    src_vocab=wl.Key(lo=EOS + 1),
+    tgt_vocab=wl.Key(lo=EOS + 1),
+    layers=wl.Key(sized=False),  # (width, kernel) per convolution
+    dropout=wl.FRACTION,
+    label_smoothing=wl.FRACTION,
+    conv_impl=wl.Key(choices=CONV_IMPLS),
+  ),
+  check=check,
   flops_per_example=flops_per_example,
   # max_tokens counts padded tokens of the longer side: sentences x max(S, T).
   example_size=lambda cfg: max(cfg['src_len'], cfg['tgt_len']),

@@ -252,6 +252,12 @@ DEEPLABV3_TINY = dict(
   lr=0.05,
 )
 
+
+def check(cfg):
+  crop, grid = cfg['crop'], cfg['label_grid']
+  return wl.first((grid > crop, f'label_grid ({grid}) must be at most crop ({crop})'))
+
+
 DEEPLABV3 = wl.Workload(
   name='deeplabv3',
   description='DeepLabv3+ with aligned Xception-65, output stride 16, 513x513 VOC crops',
@@ -262,5 +268,15 @@ DEEPLABV3 = wl.Workload(
   trainer=wl.supervised(lambda cfg, dtype: DeepLabV3Plus(cfg, dtype), make_batch, loss, optimizer),
   flops_per_example=flops_per_example,
   family='image',
-  choices={'depthwise': depthwise.IMPLS},
+  spec=dict(
+    classes=wl.Key(lo=1, below=IGNORE_LABEL),
+    # The backbone's four strides of 2 after its stem; the decoder's low-level features.
+    output_stride=wl.Key(choices=(8, 16, 32)),
+    decoder_output_stride=wl.Key(choices=(4,)),
+    aspp_dropout=wl.FRACTION,
+    ignore_band=wl.NATURAL,
+    momentum=wl.FRACTION,
+    depthwise=wl.Key(choices=depthwise.IMPLS),
+  ),
+  check=check,
 )

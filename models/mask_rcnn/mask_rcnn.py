@@ -347,6 +347,35 @@ MASK_RCNN_TINY = dict(
   warmup=1,
 )
 
+
+def check(cfg):
+  """Stride-32 padding, instances and proposals in the numbers the static shapes assume."""
+  (h, w), (ch, cw), (lo, hi) = cfg['image_size'], cfg['content_size'], cfg['box_size_range']
+  candidates = cfg['post_nms_top_n'] + cfg['max_instances']
+  return wl.first(
+    (h % 32 or w % 32, f'image_size ({h}, {w}) must be multiples of 32'),
+    (ch > h or cw > w, f'content_size ({ch}, {cw}) must fit in image_size ({h}, {w})'),
+    (lo >= hi, f'box_size_range ({lo}, {hi}) must be (smallest, largest) box side'),
+    (
+      cfg['max_real_instances'] > cfg['max_instances'],
+      'max_real_instances must be at most max_instances',
+    ),
+    (
+      cfg['post_nms_top_n'] > len(cfg['anchor_sizes']) * cfg['pre_nms_top_n'],
+      'post_nms_top_n must be at most pre_nms_top_n per level times the 5 levels',
+    ),
+    (
+      cfg['roi_batch'] > candidates,
+      f'roi_batch must be at most post_nms_top_n + max_instances ({candidates})',
+    ),
+    (
+      int(cfg['roi_batch'] * cfg['roi_positive_fraction']) < 1,
+      'roi_batch * roi_positive_fraction must be at least 1 (the mask head trains on positives)',
+    ),
+    (cfg['rpn_bg_iou'] > cfg['rpn_fg_iou'], 'rpn_bg_iou must be at most rpn_fg_iou'),
+  )
+
+
 MASK_RCNN = wl.Workload(
   name='mask_rcnn',
   description='Mask R-CNN R-101-FPN (maskrcnn-benchmark e2e_mask_rcnn_R_101_FPN_1x), 800x1333',
@@ -354,6 +383,22 @@ MASK_RCNN = wl.Workload(
   throughput_unit='images/s',
   config=MASK_RCNN_CONFIG,
   tiny=MASK_RCNN_TINY,
+  spec=dict(
+    num_classes=wl.Key(lo=2),  # the background and one class
+    box_size_range=wl.Key(above=0),
+    anchor_ratios=wl.Key(above=0, sized=False),
+    rpn_nms_threshold=wl.PROBABILITY,
+    rpn_positive_fraction=wl.PROBABILITY,
+    rpn_fg_iou=wl.PROBABILITY,
+    rpn_bg_iou=wl.PROBABILITY,
+    roi_positive_fraction=wl.PROBABILITY,
+    roi_fg_iou=wl.PROBABILITY,
+    momentum=wl.FRACTION,
+    warmup=wl.NATURAL,
+    warmup_factor=wl.Key(above=0, hi=1),
+    lr_steps=wl.Key(lo=0, sized=False),
+  ),
+  check=check,
   trainer=wl.supervised(
     lambda cfg, dtype: MaskRCNN(cfg, dtype), mask_rcnn_data.make_batch, loss, optimizer
   ),

@@ -302,6 +302,9 @@ MT_DNN = wl.Workload(
   throughput_unit='sequences/s',
   config=MT_DNN_CONFIG,
   tiny=MT_DNN_TINY,
+  # warmup: the fraction of total_steps.
+  spec=dict(bert.ENCODER_SPEC, mem_drop=wl.FRACTION, warmup=wl.PROBABILITY),
+  check=bert.check_encoder,
   trainer=trainer,
   flops_per_example=flops_per_example,
   units_per_example=lambda cfg: len(TASKS),

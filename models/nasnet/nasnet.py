@@ -194,6 +194,23 @@ NASNET_TINY = dict(
   image_size=64, num_classes=10, num_cells=3, filters=8, stem_multiplier=0.25, drop_path_steps=0
 )
 
+
+def check(cfg):
+  """Reductions at distinct cells, and an even count of filters in every cell (a factorized
+  reduction gives each of its two paths half)."""
+  cells_, reductions, scaling = cfg['num_cells'], cfg['num_reductions'], cfg['filter_scaling']
+  filters = [int(cfg['filters'] * scaling**k) for k in range(-2, reductions + 1)]
+  return wl.first(
+    (reductions >= cells_, f'num_reductions ({reductions}) must be less than num_cells ({cells_})'),
+    (
+      any(f < 2 or f % 2 for f in filters),
+      f'filters x filter_scaling**k (k from -2 to num_reductions) must be even numbers of at '
+      f'least 2, got {filters}',
+    ),
+    (int(32 * cfg['stem_multiplier']) < 1, 'stem_multiplier must give at least 1 stem filter'),
+  )
+
+
 NASNET_LARGE = wl.Workload(
   name='nasnet_large',
   description='NASNet-A Large (6@4032, tf_cnn_benchmarks nasnet_large), 331x331, 1001 classes',
@@ -204,7 +221,18 @@ NASNET_LARGE = wl.Workload(
   trainer=wl.supervised(lambda cfg, dtype: NASNetA(cfg, dtype), make_batch, loss, optimizer),
   flops_per_example=flops_per_example,
   family='image',
-  choices={'depthwise': dw.IMPLS},
+  spec=dict(
+    image_size=wl.Key(lo=3),
+    num_reductions=wl.NATURAL,
+    stem_multiplier=wl.Key(above=0),
+    filter_scaling=wl.Key(above=0),
+    drop_path_keep=wl.Key(above=0, hi=1),
+    drop_path_steps=wl.NATURAL,
+    dense_dropout=wl.FRACTION,
+    label_smoothing=wl.FRACTION,
+    depthwise=wl.Key(choices=dw.IMPLS),
+  ),
+  check=check,
   # About a thousand parameter arrays: the jitted init compiles for 225 s on a 2-core CPU
   # and takes most of a 335 s first trial on an H200; op by op on the host, 54 s.
   eager_init=True,

@@ -290,6 +290,18 @@ def flops_per_example(cfg):
   return 3 * g + 8 * d + 3 * v
 
 
+def check(cfg):
+  """Sizes that halve evenly down to the global generator's coarsest map, of 2 pixels or more."""
+  h, w, n = cfg['height'], cfg['width'], cfg['n_downsample_global'] + 1
+  return wl.first(
+    (
+      h % 2**n or w % 2**n or min(h, w) < 2 ** (n + 1),
+      f'height and width ({h}, {w}) must be multiples of 2**(n_downsample_global + 1) = {2**n} '
+      f'and at least {2 ** (n + 1)}',
+    ),
+  )
+
+
 PIX2PIXHD = wl.Workload(
   name='pix2pixhd',
   description='Pix2PixHD local enhancer, 2048x1024 Cityscapes-like label maps, G and D steps',
@@ -330,6 +342,8 @@ PIX2PIXHD = wl.Workload(
     shapes=6,
     lr=1e-3,
   ),
+  spec=dict(output_nc=wl.Key(choices=(3,)), beta1=wl.FRACTION),  # VGG's loss sees RGB
+  check=check,
   trainer=trainer,
   flops_per_example=flops_per_example,
   default_precision='fp32',

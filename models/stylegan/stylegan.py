@@ -98,6 +98,23 @@ STYLEGAN_TINY = dict(
   resolution=8, fmap_base=64, fmap_max=16, latent_size=16, mapping_layers=2, fused_min_res=8
 )
 
+
+def check(cfg):
+  """A resolution of 2**r, r >= 3 (4x4 up in doublings), a feature map at every stage, and
+  minibatch-stddev features that divide the last block's channels."""
+  res = cfg['resolution']
+  if res & (res - 1):
+    return f'resolution ({res}) must be a power of 2'
+  stages = [nf(cfg, s) for s in range(1, res.bit_length() - 1)]
+  return wl.first(
+    (min(stages) < 1, f'fmap_base ({cfg["fmap_base"]}) must be at least resolution / 2'),
+    (
+      stages[0] % cfg['mbstd_features'] != 0,
+      f'mbstd_features ({cfg["mbstd_features"]}) must divide the 4x4 channels ({stages[0]})',
+    ),
+  )
+
+
 STYLEGAN = wl.Workload(
   name='stylegan',
   description='StyleGAN v1 config F at 1024x1024: D step with R1, G step, EMA of G',
@@ -113,5 +130,14 @@ STYLEGAN = wl.Workload(
   # 2: the fused resampling convolutions compute over pixel phases (revision 1 ran them as
   # transposed and strided 4x4 convolutions, with the blur through cuDNN).
   revision=2,
-  choices={'depthwise': depthwise.IMPLS},
+  spec=dict(
+    resolution=wl.Key(lo=8),
+    mapping_layers=wl.NATURAL,
+    mapping_lrmul=wl.Key(above=0),
+    style_mixing_prob=wl.PROBABILITY,
+    ema_kimg=wl.Key(above=0),
+    dlatent_avg_beta=wl.PROBABILITY,
+    depthwise=wl.Key(choices=depthwise.IMPLS),
+  ),
+  check=check,
 )

@@ -217,6 +217,19 @@ def flops_per_example(cfg):
   return float(2 * train(src, tgt) + 2 * (train(m, tgt) + generation))
 
 
+def check(cfg):
+  """Whole heads, and a position embedding for every token a generation can reach."""
+  d, heads, positions = cfg['d_model'], cfg['heads'], cfg['max_positions']
+  return wl.first(
+    (d % heads != 0, f'heads ({heads}) must divide d_model ({d})'),
+    (
+      max_len(cfg) > positions,
+      f'max_positions ({positions}) must cover a generation of int(1.3 * (seq_len + 2) + 5) '
+      f'= {max_len(cfg)} tokens',
+    ),
+  )
+
+
 UNSUPMT = wl.Workload(
   name='unsupmt',
   description='XLM unsupervised MT en-fr: 2 denoising AE + 2 online back-translation steps',
@@ -245,6 +258,15 @@ UNSUPMT = wl.Workload(
   tiny=dict(
     vocab=64, d_model=32, ffn=64, heads=4, layers=2, max_positions=32, lr=3e-3, warmup=20, seq_len=6
   ),
+  spec=dict(
+    vocab=wl.Key(lo=FIRST_WORD + 1),  # the special tokens, and one word
+    n_langs=wl.Key(lo=2),
+    dropout=wl.FRACTION,
+    attention_dropout=wl.FRACTION,
+    word_dropout=wl.FRACTION,
+    word_blank=wl.FRACTION,
+  ),
+  check=check,
   trainer=trainer,
   flops_per_example=flops_per_example,
   # tokens_per_batch counts each sentence's length + 2 (its two EOS).

@@ -217,6 +217,17 @@ YOLOV3_TINY = dict(
   anchors=tuple((a * 64 / 608, b * 64 / 608) for a, b in COCO_ANCHORS),
 )
 
+
+def check(cfg):
+  image = cfg['image']
+  return wl.first(
+    (
+      image % 32 != 0,
+      f'image ({image}) must be a multiple of 32 (the stride of the coarsest scale)',
+    )
+  )
+
+
 YOLOV3 = wl.Workload(
   name='yolov3',
   description='YOLOv3 (darknet yolov3.cfg): Darknet-53, three scales at 608x608, 80 classes',
@@ -224,6 +235,14 @@ YOLOV3 = wl.Workload(
   throughput_unit='images/s',
   config=YOLOV3_CONFIG,
   tiny=YOLOV3_TINY,
+  spec=dict(
+    anchors=wl.Key(above=0, kind=float),  # nine (width, height) pairs in pixels, three a scale
+    max_boxes=wl.Key(lo=2),
+    burn_in=wl.NATURAL,
+    lr_steps=wl.Key(lo=0, sized=False),
+    momentum=wl.FRACTION,
+  ),
+  check=check,
   trainer=wl.supervised(lambda cfg, dtype: YOLOv3(cfg, dtype), make_batch, loss, optimizer),
   flops_per_example=flops_per_example,
   family='image',
