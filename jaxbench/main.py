@@ -9,6 +9,7 @@ inner workings (flags/advanced.py) and absl's own.
 
 import dataclasses
 import functools
+import os
 import sys
 
 from absl import app, flags
@@ -71,6 +72,9 @@ def main(argv: list[str]) -> int:
   from jaxbench import describe  # pylint: disable=g-import-not-at-top
   from jaxbench.core import bench, runner  # pylint: disable=g-import-not-at-top
 
+  if args.tiny is None and not (args.describe or args.list_models):
+    # The preset a run gets decides what its --set values must satisfy: fix it before the plan.
+    args = dataclasses.replace(args, tiny=req.target is None and not bench.on_gpu())
   try:
     plan = cli.plan(args)
   except cli.UsageError as e:
@@ -82,13 +86,12 @@ def main(argv: list[str]) -> int:
     for w in plan.workloads:
       print(describe.describe(w, plan.options.tiny, dict(plan.options.overrides)))
     return 0
-  target, tiny = None, args.tiny
-  if req.target is not None:
+  target = None
+  if req.target is not None:  # the described GPU gets full size unless --tiny says otherwise
     try:
       target = deviceless.device(req.target)
     except deviceless.DevicelessError as e:
       fail(str(e))
-    tiny = bool(tiny)  # the described GPU gets full size unless --tiny says otherwise
   if plan.action == 'check':
     for line in plan.warnings:
       print(f'jaxbench: {line}', file=sys.stderr)
@@ -96,7 +99,7 @@ def main(argv: list[str]) -> int:
     return 0
   try:
     with store.Lock(plan.output, shared=True):  # not beside a sweep on the same store
-      return runner.run(plan, bench.resolve_tiny(plan.options, tiny), req, memory, target)
+      return runner.run(plan, plan.options, req, memory, target)
   except store.Busy as e:
     fail(f'--output: {e}')
 
@@ -108,3 +111,6 @@ if __name__ == '__main__':
   except KeyboardInterrupt:
     print('jaxbench: interrupted', file=sys.stderr)
     interrupt.exit_now(130)  # a compile may still be running in its thread
+  except BrokenPipeError:  # the reader of stdout has gone (e.g. `| head`): nothing left to say
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    sys.exit(1)

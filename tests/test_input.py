@@ -78,6 +78,14 @@ def test_check_and_run_refuse_bad_input_alike(args, tmp_path):
   assert not out.exists() and os.listdir(tmp_path) == []  # nothing written
 
 
+def test_the_preset_a_run_gets_without_tiny_is_the_one_check_checks(tmp_path):
+  # Without a GPU a run gets the tiny preset unless --notiny: heads=3 divides BERT-base's 768
+  # but not the tiny preset's width, so both refuse it.
+  args = ('--model=bert_base', '--set=heads=3', '--batch_size=2', '--steps=1', '--windows=1')
+  check = refused(command(*args, '--check'), 'must divide hidden')
+  assert check == refused(command(*args))
+
+
 def test_hints_that_hold_no_result_are_refused_alike(tmp_path):
   hints = _garbage_hints(tmp_path)
   check = refused(command('--model=bert_base', *FAST, hints, '--check'), 'holds no result')

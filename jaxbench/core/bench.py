@@ -495,7 +495,6 @@ def _trials_text(w: wl.Workload, trials: list[search.Trial]) -> str:
   return ', '.join(parts) + (f' ({w.unit}; earlier runs {", ".join(runs)})' if runs else '')
 
 
-def resolve_tiny(opts: Options, tiny_flag: bool | None) -> Options:
-  """--tiny defaults to on without a GPU, so a CPU run ends in minutes."""
-  tiny = tiny_flag if tiny_flag is not None else jax.devices()[0].platform != 'gpu'
-  return dataclasses.replace(opts, tiny=tiny)
+def on_gpu() -> bool:
+  """Whether JAX runs on a GPU: without one --tiny defaults to on, so a CPU run ends in minutes."""
+  return jax.devices()[0].platform == 'gpu'
