@@ -35,7 +35,7 @@ def _accepted(w, tiny: bool, sets: dict[str, str]) -> dict[str, Any] | None:
 
 
 def _settable(value: Any) -> bool:
-  # --set converts its text to the default's type: bool('False') would be True.
+  # A scalar whose text --set parses back to the recorded value (lists and booleans are left out).
   return isinstance(value, (str, int, float)) and not isinstance(value, bool)
 
 
