@@ -59,7 +59,7 @@ def started(*args):
     (['--model=bert_base', '--set=no_such_key=3'], 'no config key'),
     (['--model=bert_base', '--set=oops'], 'KEY=VALUE'),
     (['--model=conv_seq2seq', '--set=conv_impl=cudnn'], 'conv_impl must be one of'),
-    (['--model=transformer_big', '--batch_size=10'], 'less than one example'),
+    (['--model=transformer_big', '--notiny', '--batch_size=10'], 'less than one example'),
     (['--model=bert_base', '--output=/no/such/dir/out.jsonl'], 'does not exist'),
     (['--model=bert_base', '--search_hints=/no/such/file.jsonl'], 'is not a file'),
     (['--model=bert_base', '--search_resume'], '--search_resume goes on with a search'),
