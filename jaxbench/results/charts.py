@@ -222,18 +222,21 @@ def normalized(data: tables.Data, reference: str):
 
 
 # Which of our sources speaks for a cell of the map: a run before a prediction.
-_RANK = ('emulated', 'predicted', 'deviceless')
+_RANK = ('emulated', 'measured', 'predicted', 'deviceless')
 
 
 def fit_map(data: tables.Data):
-  """Workload x GPU: the 2020 published max batch beside ours (emulated where run, else
-  predicted on the GPU, else deviceless; at the published precision), OOM marked."""
+  """Workload x GPU: the 2020 published max batch beside ours (emulated or measured where run,
+  else predicted on the GPU, else deviceless; at the published precision), OOM marked."""
   pub = published.lookup()
   # The published precision ('fp32?' where the article did not say it).
   precision = {r.workload: r.precision.rstrip('?') for r in published.rows()}
   ws = list(data.workloads)
   panels = []
-  for title in ('2020 published', 'ours: emulated, else predicted, else deviceless'):
+  for title in (
+    '2020 published',
+    'ours: run (emulated or measured), else predicted, else deviceless',
+  ):
     gpus = published.gpus() if title.startswith('2020') else list(data.gpus)
     grid, kinds = [], []
     for w in ws:
@@ -270,7 +273,7 @@ def fit_map(data: tables.Data):
     gridspec_kw={'width_ratios': widths},
   )
   cmap = plt.get_cmap('viridis')
-  marks = {'emulated': '', 'predicted': '*', 'deviceless': '+'}
+  marks = {'emulated': '', 'measured': '', 'predicted': '*', 'deviceless': '+'}
   for ax, (title, gpus, grid, kinds) in zip(axes.flat, panels):
     for i in range(len(ws)):
       top = max((c.value for c in grid[i] if c is not None and c.value), default=None)
@@ -308,7 +311,8 @@ def fit_map(data: tables.Data):
     0.5,
     0.005,
     'Shade: the batch on a log scale within each workload. Ours at the published precision: '
-    'unmarked emulated, * predicted on the GPU, + predicted deviceless; ≥ a lower bound. '
+    'unmarked run (emulated, or measured on the GPU itself), * predicted on the GPU, + predicted '
+    'deviceless; ≥ a lower bound. '
     'Blank: not in the results.',
     ha='center',
     va='bottom',

@@ -251,7 +251,12 @@ def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[st
   if isinstance(store_paths, str):
     store_paths = [store_paths]
   records = read(store_paths)
-  data = tables.collect(records)
+  own = [
+    r
+    for r in measured.split(records)[0]
+    if measured.memory_of(r) == measured.FULL and (r.get('search') or {}).get('mode') != 'fixed'
+  ]
+  data = tables.collect(records, own)
   built = {
     'measured': measured.table(records),
     'measured_other': measured.others(records),

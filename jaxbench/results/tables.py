@@ -64,7 +64,10 @@ class Cell:
 
 
 def source_label(record: dict[str, Any]) -> str:
-  kind = 'predicted' if record.get('mode') == 'predict' else 'emulated'
+  if record.get('mode') == 'predict':
+    kind = 'predicted'
+  else:
+    kind = 'emulated' if (record.get('emulation') or {}).get('gpu') else 'measured'
   if (record.get('device') or {}).get('deviceless'):
     kind += ' (deviceless)'  # compiled for the GPU on a host without it: no autotuning
   extra = ''.join(
@@ -112,14 +115,28 @@ class Data:
   records: list[dict[str, Any]]
 
 
-def collect(records: list[dict[str, Any]]) -> Data:
-  """The latest result of each emulated or predicted cell, beside the published rows."""
+def measured_gpu(record: dict[str, Any]) -> str | None:
+  """The catalog card a run measured on its own GPU ran on (its device kind), or None."""
+  try:
+    return catalog.by_display(
+      (record.get('device') or {}).get('kind', '').removeprefix('NVIDIA ')
+    ).name
+  except catalog.CatalogError:
+    return None
+
+
+def collect(records: list[dict[str, Any]], measured: list[dict[str, Any]] = ()) -> Data:
+  """The latest result of each emulated or predicted cell, beside the published rows; and the
+  `measured` runs (full-memory searches on the measuring GPU itself, chosen by the caller) in
+  that GPU's column, as "measured" sources."""
   latest = [r for r in store.latest(records).values() if (r.get('emulation') or {}).get('gpu')]
+  own = [(r, measured_gpu(r)) for r in measured]
+  own = [(r, g) for r, g in own if g is not None]
   order = catalog.names()
-  seen = {r['emulation']['gpu'] for r in latest}
+  seen = {r['emulation']['gpu'] for r in latest} | {g for _, g in own}
   gpus = published.gpus() + [g for g in order if g in seen and g not in published.gpus()]
   gpus += sorted(seen - set(gpus))  # raw sizes (--memory_gb) after the catalog
-  extra = sorted({r['workload'] for r in latest} - set(published.workloads()))
+  extra = sorted({r['workload'] for r in latest + [r for r, _ in own]} - set(published.workloads()))
   workloads = published.workloads() + extra
   batch: dict = {}
   tput: dict = {}
@@ -142,6 +159,12 @@ def collect(records: list[dict[str, Any]]) -> Data:
     batch.setdefault((w, src), {})[gpu] = _batch_cell(r)
     if r.get('mode') != 'predict':
       tput.setdefault((w, src), {})[gpu] = _throughput_cell(r)
+  for r, gpu in own:
+    src, w = source_label(r), r['workload']
+    if src not in sources[w]:
+      sources[w].append(src)
+    batch.setdefault((w, src), {})[gpu] = _batch_cell(r)
+    tput.setdefault((w, src), {})[gpu] = _throughput_cell(r)
   return Data(gpus, workloads, sources, batch, tput, latest)
 
 
@@ -178,9 +201,9 @@ def metric_table(data: Data, grid: dict, title: str, unit_note: str) -> Table:
       rows.append([w, src + mark] + [grid[(w, src)].get(g, Cell(None, '')).text for g in data.gpus])
     pub = grid.get((w, PUBLISHED), {})
     for src in [s for s in data.sources[w] if s != PUBLISHED and (w, s) in grid and pub]:
-      rows.append(
-        [w, f'{src} / 2020'] + [_ratio(grid[(w, src)].get(g), pub.get(g)) for g in data.gpus]
-      )
+      ratios = [_ratio(grid[(w, src)].get(g), pub.get(g)) for g in data.gpus]
+      if any(ratios):  # a source only on GPUs the 2020 benchmark did not have compares nothing
+        rows.append([w, f'{src} / 2020'] + ratios)
   return Table(title, header, rows, [unit_note])
 
 
