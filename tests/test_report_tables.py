@@ -338,3 +338,28 @@ def test_docs_results_is_what_its_own_command_renders(tmp_path):
   assert fresh == _registry_free(page, _csv(os.path.join(docs, 'measured.csv'))), (
     f'docs/results is not what its results render: run {command}'
   )
+
+
+def test_a_full_memory_search_on_the_gpu_itself_is_a_measured_source_in_its_column(tmp_path):
+  own = {
+    **_result('bert_base', 'rtx_2060', 1176, 623.6),
+    'emulation': None,
+    'device': {'platform': 'gpu', 'kind': 'NVIDIA H200', 'pool_bytes': 142606336000},
+    'memory': {'limit_bytes': None},
+    'search': {'mode': 'search', 'trials': []},
+    'config': {},
+    'throughput_unit': 'sequences/s',
+    'measurement': {'units_per_s': 623.6, 'median_step_s': 1.8857, 'window_step_s': [1.8857]},
+  }
+  capped = {**own, 'memory': {'limit_bytes': 24_000_000_000}, 'max_batch': 187}
+  path = str(tmp_path / 's.jsonl')
+  for r in FIXTURE + [own, capped]:
+    report.append_jsonl(path, r)
+  out = str(tmp_path / 'out')
+  report_main.write(path, out, 'quadro_rtx_8000')
+  with open(os.path.join(out, 'max_batch.csv')) as f:
+    rows = list(csv.reader(f))
+  h200 = rows[0].index('H200')
+  mine = [r for r in rows if r[:2] == ['bert_base', 'measured fp32']]
+  assert [r[h200] for r in mine] == ['1176']  # the full pool's search, not the 24 GB cap's
+  assert all(r[1] != 'measured fp32 / 2020' for r in rows)  # no 2020 figure on an H200
