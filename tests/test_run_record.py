@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from jaxbench.core import bench
+from jaxbench.core import environment
 from jaxbench.results import measured, render
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,8 +76,8 @@ def test_the_record_carries_its_environment(run):
 def test_git_commit_is_none_outside_a_checkout(monkeypatch, tmp_path):
   package = tmp_path / 'site' / 'jaxbench'
   package.mkdir(parents=True)
-  monkeypatch.setattr(bench.jaxbench, '__file__', str(package / '__init__.py'))
-  assert bench._git_commit() is None
+  monkeypatch.setattr(environment.jaxbench, '__file__', str(package / '__init__.py'))
+  assert environment._git_commit() is None
 
 
 def test_profile_dir_holds_a_trace_of_the_timed_steps(run):

@@ -115,6 +115,14 @@ def by_display(display: str) -> Gpu:
   raise CatalogError(f'no catalog GPU is displayed as {display!r}')
 
 
+def of_device(kind: str) -> str | None:
+  """The name of the catalog card a device kind names ('NVIDIA H200' -> 'h200'), or None."""
+  try:
+    return by_display(kind.removeprefix('NVIDIA ')).name
+  except CatalogError:
+    return None
+
+
 def lambda2020() -> list[Gpu]:
   """The eight GPUs of the 2020 benchmark (those with a 2020 price)."""
   return [g for g in _load().values() if g.price_usd_2020 is not None]

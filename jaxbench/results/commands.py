@@ -78,13 +78,6 @@ def earlier_form(r: dict[str, Any]) -> str | None:
   return 'earlier form: ' + '; '.join(parts) if parts else None
 
 
-def _compile_for(kind: str) -> str:
-  try:
-    return catalog.by_display(kind.removeprefix('NVIDIA ')).name
-  except catalog.CatalogError:
-    return kind
-
-
 def command_of(r: dict[str, Any]) -> str:
   """The python -m jaxbench.main command that reproduces a result, from its fields: workload,
   precision, preset, config (--set), memory, batch, timing, search and compiler settings.
@@ -111,7 +104,9 @@ def command_of(r: dict[str, Any]) -> str:
   if r.get('mode') == 'predict':
     args.append('--predict')
     if device.get('deviceless'):
-      args.append(f'--compile_for={_compile_for(device.get("kind", ""))}')
+      args.append(
+        f'--compile_for={catalog.of_device(device.get("kind", "")) or device.get("kind")}'
+      )
   if search.get('mode') == 'fixed':
     args.append(f'--batch_size={r["max_batch"]}')
   if search.get('capped'):

@@ -117,12 +117,7 @@ class Data:
 
 def measured_gpu(record: dict[str, Any]) -> str | None:
   """The catalog card a run measured on its own GPU ran on (its device kind), or None."""
-  try:
-    return catalog.by_display(
-      (record.get('device') or {}).get('kind', '').removeprefix('NVIDIA ')
-    ).name
-  except catalog.CatalogError:
-    return None
+  return catalog.of_device((record.get('device') or {}).get('kind', ''))
 
 
 def collect(records: list[dict[str, Any]], measured: list[dict[str, Any]] = ()) -> Data:
