@@ -72,10 +72,11 @@ open('slow_module.py', 'w').write(
 sys.path.insert(0, '.')
 try:
   import slow_module
-  print('imported', slow_module.DONE)
   time.sleep(5)
+  print('not interrupted')
 except KeyboardInterrupt:
-  print('interrupted after the import')
+  # The interrupt may land on any line after the import; the import itself ran to its end.
+  print('interrupted after the import:', getattr(sys.modules.get('slow_module'), 'DONE', False))
 '''
 
 
@@ -88,4 +89,4 @@ def test_a_sigint_during_an_import_is_raised_after_it(tmp_path):
     text=True,
     timeout=30,
   )
-  assert done.stdout == 'imported True\ninterrupted after the import\n', done.stderr
+  assert done.stdout == 'interrupted after the import: True\n', done.stderr
