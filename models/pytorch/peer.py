@@ -13,8 +13,9 @@ step. A supervised model has one; mt_dnn has one per task; a GAN one for the dis
 one for the generator, its EMA in `after_step`.
 """
 
+import contextlib
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ContextManager, Mapping
 
 import torch
 
@@ -79,3 +80,38 @@ class Peer:
   make_batch: Callable[[Config, int, torch.Generator, torch.device], Batch]
   source: str
   differences: tuple[str, ...] = ()
+
+
+def run_updates(
+  setup: Setup,
+  batch: Batch,
+  step: int,
+  autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+  scaler: 'torch.amp.GradScaler | None' = None,
+) -> torch.Tensor:
+  """One training iteration: each update's loss under `autocast`, its backward (scaled by
+  `scaler` where given), clipping and optimizer step, then `after_step`. Returns the last
+  update's loss, detached (the harness checks it is finite without a device sync per step)."""
+  loss = None
+  for update in setup.updates:
+    update.optimizer.zero_grad(set_to_none=True)
+    with autocast():
+      loss = update.loss(batch, step)
+    if scaler is None:
+      loss.backward()
+    else:
+      scaler.scale(loss).backward()
+    if update.clip_norm is not None:
+      if scaler is not None:
+        scaler.unscale_(update.optimizer)
+      params = [p for group in update.optimizer.param_groups for p in group['params']]
+      torch.nn.utils.clip_grad_norm_(params, update.clip_norm)
+    if scaler is None:
+      update.optimizer.step()
+    else:
+      scaler.step(update.optimizer)
+      scaler.update()
+  if setup.after_step is not None:
+    with torch.no_grad():
+      setup.after_step()
+  return loss.detach()
