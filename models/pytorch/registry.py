@@ -1,6 +1,7 @@
 """The PyTorch peers by workload name: explicit imports and one dict that refuses duplicates."""
 
 from models.pytorch import peer as peer_lib
+from models.pytorch import transformer
 
 _PEERS: dict[str, peer_lib.Peer] = {}
 
@@ -24,3 +25,6 @@ def get(name: str) -> peer_lib.Peer:
     raise KeyError(
       f'{name} has no PyTorch peer; workloads with one: {", ".join(names()) or "none"}'
     ) from None
+
+
+_register(transformer.TRANSFORMER_BIG)
