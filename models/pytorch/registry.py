@@ -1,7 +1,7 @@
 """The PyTorch peers by workload name: explicit imports and one dict that refuses duplicates."""
 
+from models.pytorch import nasnet, transformer
 from models.pytorch import peer as peer_lib
-from models.pytorch import transformer
 
 _PEERS: dict[str, peer_lib.Peer] = {}
 
@@ -28,3 +28,4 @@ def get(name: str) -> peer_lib.Peer:
 
 
 _register(transformer.TRANSFORMER_BIG)
+_register(nasnet.NASNET_LARGE)
