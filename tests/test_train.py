@@ -102,9 +102,11 @@ def test_a_run_killed_partway_resumes_at_its_last_save_with_the_uninterrupted_lo
   ckpt, out = f'--checkpoint_dir={tmp_path / "ckpt"}', f'--output={tmp_path / "result.jsonl"}'
   status, log = stopped_at_step(signal.SIGKILL, *TRAIN, cache, ckpt)
   assert status == -signal.SIGKILL, log
-  r = jaxbench(*TRAIN, cache, ckpt, out)
+  # Without --batch_size, the run resumes at the batch of its checkpoints.
+  r = jaxbench(*[a for a in TRAIN if a != '--batch_size=2'], cache, ckpt, out)
   assert r.returncode == 0, r.stderr
   record = last_record(tmp_path / 'result.jsonl')
+  assert record['batch'] == 2 and record['search'] == {'mode': 'checkpoint'}
   resumed = record['train']['resumed_from']
   # It lost at most the steps since the last save (whose writing may still have been going on).
   assert resumed is not None and resumed % EVERY == 0 and SIGNAL_AT - 2 * EVERY <= resumed < STEPS

@@ -81,6 +81,8 @@ def run(
   if compiled is None:
     _store(out, plan.output, record, log)
     return 1
+  if options.batch_size is None and batch is not None:
+    record['search'] = {'mode': 'checkpoint'}  # the batch the checkpoints were trained at
   batch = compiled.n * w.example_size(cfg)
   record['batch'] = batch
   ident = checkpoint.identity(w.name, w.revision, cfg, policy.name, batch, options.seed)
@@ -188,9 +190,14 @@ def _train(program, compiled, w, train, ckpts, record, log) -> int:
       batch = source.batch(step)
       in_flight = ckpts is not None and ckpts.saving()
       begin = time.perf_counter()
-      # The state is donated to the step (Program jits it so): a save before it has copied it.
-      state, metrics = compiled.executable(state, batch, step_rng)
-      loss = float(np.asarray(metrics['loss']))
+      try:
+        # The state is donated to the step (Program jits it so): a save before it has copied it.
+        state, metrics = compiled.executable(state, batch, step_rng)
+        loss = float(np.asarray(metrics['loss']))
+      except Exception as e:  # pylint: disable=broad-except  (e.g. out of memory at run time)
+        record.update(status='oom' if prog.is_oom(e) else 'error', error=prog.first_line(e))
+        status = 1
+        break
       elapsed = time.perf_counter() - begin
       in_flight = in_flight or (ckpts is not None and ckpts.saving())
       times['saving' if in_flight else 'quiet'].append(elapsed)
