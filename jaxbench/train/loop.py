@@ -79,6 +79,7 @@ def run(
   record['params'] = program.param_counts()
   compiled = _compile(program, w, cfg, options, memory, batch, record, log)
   if compiled is None:
+    log(f'{w.name}: {record["status"]}: {record["error"]}')
     _store(out, plan.output, record, log)
     return 1
   if options.batch_size is None and batch is not None:
