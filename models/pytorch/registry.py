@@ -1,5 +1,6 @@
 """The PyTorch peers by workload name: explicit imports and one dict that refuses duplicates."""
 
+from models.pytorch import bert, mt_dnn
 from models.pytorch import peer as peer_lib
 
 _PEERS: dict[str, peer_lib.Peer] = {}
@@ -24,3 +25,7 @@ def get(name: str) -> peer_lib.Peer:
     raise KeyError(
       f'{name} has no PyTorch peer; workloads with one: {", ".join(names()) or "none"}'
     ) from None
+
+
+_register(bert.BERT_BASE, bert.BERT_SQUAD)
+_register(mt_dnn.MT_DNN)
