@@ -128,3 +128,119 @@ def test_adamw_is_the_jax_workloads_adamw():
     got,
     params,
   )
+
+
+def _tensor(x, transpose=False):
+  x = np.asarray(x, np.float32)
+  return torch.tensor(x.T.copy() if transpose else x)
+
+
+def load_encoder(model, bert_params, pooler_params=None):
+  """Copies models/bert.BertEncoder's parameters (and the Pooler's) into a BertModel."""
+  h = model.config.hidden_size
+  sources = {
+    'embeddings.word_embeddings.weight': bert_params['word_embeddings']['embedding'],
+    'embeddings.position_embeddings.weight': bert_params['position_embeddings'],
+    'embeddings.token_type_embeddings.weight': bert_params['token_type_embeddings']['embedding'],
+    'embeddings.LayerNorm.weight': bert_params['embeddings_norm']['scale'],
+    'embeddings.LayerNorm.bias': bert_params['embeddings_norm']['bias'],
+  }
+  dense = lambda name, p: {f'{name}.weight': p['kernel'].reshape(-1, p['kernel'].shape[-1]).T}
+  for i in range(model.config.num_hidden_layers):
+    layer, to = bert_params[f'layer_{i}'], f'encoder.layer.{i}.'
+    attention = layer['self_attention']
+    for name in ('query', 'key', 'value'):
+      sources[f'{to}attention.self.{name}.weight'] = attention[name]['kernel'].reshape(h, h).T
+      sources[f'{to}attention.self.{name}.bias'] = attention[name]['bias'].reshape(h)
+    for name, p in (
+      ('attention.output.dense', attention['out']),
+      ('intermediate.dense', layer['ffn']['fc1']),
+      ('output.dense', layer['ffn']['fc2']),
+    ):
+      sources.update(dense(to + name, p))
+      sources[f'{to}{name}.bias'] = p['bias']
+    for name, norm in (
+      ('attention.output.LayerNorm', 'self_attention_norm'),
+      ('output.LayerNorm', 'ffn_norm'),
+    ):
+      sources[f'{to}{name}.weight'] = layer[norm]['scale']
+      sources[f'{to}{name}.bias'] = layer[norm]['bias']
+  if pooler_params is not None:
+    sources['pooler.dense.weight'] = pooler_params['Dense_0']['kernel'].T
+    sources['pooler.dense.bias'] = pooler_params['Dense_0']['bias']
+  load(model, sources)
+
+
+def load(module, sources):
+  """Sets every parameter of `module` from `sources` (name -> array); all must be given."""
+  params = dict(module.named_parameters())
+  assert set(sources) == set(params), set(params) ^ set(sources)
+  with torch.no_grad():
+    for name, value in sources.items():
+      params[name].copy_(_tensor(value))
+
+
+def perturbed(params, scale=0.3):
+  """The parameters plus N(0, scale^2) noise: activations of order one, where the forms of GELU
+  and LayerNorm differ, rather than the near-zero ones of BERT's N(0, 0.02) initialization."""
+  rng = np.random.default_rng(0)
+  return jax.tree.map(lambda p: p + scale * rng.standard_normal(p.shape).astype(np.float32), params)
+
+
+def assert_same_hidden_states(cfg, bert_params, model, batch):
+  """The encoder's last hidden states (LayerNorm outputs, of order one) agree to float32."""
+  tokens, segments = (jnp.asarray(batch[k].numpy()) for k in ('tokens', 'segments'))
+  expected, _ = bert.BertEncoder(cfg).apply({'params': bert_params}, tokens, segments, False)
+  with torch.no_grad():
+    got = model(input_ids=batch['tokens'], token_type_ids=batch['segments']).last_hidden_state
+  np.testing.assert_allclose(got.numpy(), np.asarray(expected), rtol=1e-5, atol=1e-5)
+
+
+def _jax_batch(batch):
+  return {k: jnp.asarray(v.numpy()) for k, v in batch.items()}
+
+
+def test_pretraining_loss_is_the_jax_loss_at_the_same_weights():
+  """Without dropout, at the JAX model's weights: the same encoder, heads and loss."""
+  cfg, peer, batch = _tiny('bert_base')
+  module = bert.BertPretraining(cfg)
+  params = perturbed(module.init(jax.random.key(0), _jax_batch(batch), train=False)['params'])
+  outputs = module.apply({'params': params}, _jax_batch(batch), train=False)
+  expected = float(bert.pretraining_loss(cfg, outputs, _jax_batch(batch))[0])
+  model = peer.build(cfg, CPU).modules['bert']
+  load_encoder(model.bert, params['bert'], params['pooler'])
+  load(
+    model.cls,
+    {
+      'predictions.bias': params['mlm_bias'],
+      # The word embeddings, seen again through the tied decoder.
+      'predictions.decoder.weight': params['bert']['word_embeddings']['embedding'],
+      'predictions.transform.dense.weight': params['mlm_transform']['kernel'].T,
+      'predictions.transform.dense.bias': params['mlm_transform']['bias'],
+      'predictions.transform.LayerNorm.weight': params['mlm_norm']['scale'],
+      'predictions.transform.LayerNorm.bias': params['mlm_norm']['bias'],
+      'seq_relationship.weight': params['nsp']['kernel'].T,
+      'seq_relationship.bias': params['nsp']['bias'],
+    },
+  )
+  model.eval()
+  assert_same_hidden_states(cfg, params['bert'], model.bert, batch)
+  with torch.no_grad():
+    got = float(bert_peer.pretraining_loss(model, batch))
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_squad_loss_is_the_jax_loss_at_the_same_weights():
+  cfg, peer, batch = _tiny('bert_squad')
+  module = bert.BertSquad(cfg)
+  params = perturbed(module.init(jax.random.key(0), _jax_batch(batch), train=False)['params'])
+  outputs = module.apply({'params': params}, _jax_batch(batch), train=False)
+  expected = float(bert.squad_loss(cfg, outputs, _jax_batch(batch))[0])
+  model = peer.build(cfg, CPU).modules['bert']
+  load_encoder(model.bert, params['bert'])
+  load(model.qa_outputs, {'weight': params['span']['kernel'].T, 'bias': params['span']['bias']})
+  model.eval()
+  assert_same_hidden_states(cfg, params['bert'], model.bert, batch)
+  with torch.no_grad():
+    got = float(bert_peer.squad_loss(model, batch))
+  np.testing.assert_allclose(got, expected, rtol=1e-5)
