@@ -15,6 +15,7 @@ from models.mt_dnn.adamax import scale_by_mtdnn_adamax
 from models.pytorch import mt_dnn
 from models.pytorch import peer as peer_lib
 from models.pytorch import registry as peer_registry
+from tests.models.test_pytorch_bert import load, load_encoder, perturbed
 
 CPU = torch.device('cpu')
 
@@ -137,3 +138,46 @@ def test_adamax_is_the_jax_workloads_optimizer_after_clipping():
   for p, expected in zip(torch_params, params):
     # Five float32 updates of about lr (1e-2) each.
     np.testing.assert_allclose(p.detach().numpy(), np.asarray(expected), rtol=1e-5, atol=1e-6)
+
+
+def _dense(name, p):
+  return {f'{name}.weight': p['kernel'].T, f'{name}.bias': p['bias']}
+
+
+@pytest.mark.slow
+def test_task_losses_are_the_jax_losses_at_the_same_weights():
+  """Without dropout, at the JAX model's (perturbed) weights: the same encoder, pooler, SAN
+  answer modules (attention, turns, GRU, averaged probabilities) and pooled heads."""
+  cfg, peer, batch = _tiny()
+  module = mt_dnn_jax.MtDnn(cfg)
+  jax_batch = {t: {k: jnp.asarray(v.numpy()) for k, v in b.items()} for t, b in batch.items()}
+  init = jax.jit(lambda rng: module.init(rng, jax_batch['mnli'], train=False)['params'])
+  params = perturbed(init(jax.random.key(0)))
+  setup = peer.build(cfg, CPU)
+  load_encoder(setup.modules['encoder'], params['bert'], params['pooler'])
+  for task in mt_dnn_jax.TASKS:
+    p = params[f'heads_{task.name}']
+    if task.head == 'san':
+      turn = p['turn']
+      sources = {
+        'query.weight': p['query_kernel'][None],
+        'query.bias': p['query_bias'][None],
+        **_dense('bilinear', turn['bilinear']),
+        **_dense('classifier', turn['classifier']),
+        'gru.weight_ih': turn['gru']['input']['kernel'].T,
+        'gru.bias_ih': turn['gru']['input']['bias'],
+        'gru.weight_hh': turn['gru']['hidden']['kernel'].T,
+        'gru.bias_hh': turn['gru']['hidden']['bias'],
+      }
+    else:
+      sources = _dense('dense', p['dense'])
+    load(setup.modules['heads'][task.name], sources)
+  for m in setup.modules.values():
+    m.eval()
+  apply = jax.jit(lambda b: module.apply({'params': params}, b, train=False))  # every head
+  for i, (task, update) in enumerate(zip(mt_dnn_jax.TASKS, setup.updates)):
+    outputs = apply(jax_batch[task.name])[task.name]
+    expected = float(mt_dnn_jax.task_loss(i, outputs, jax_batch[task.name]['labels']))
+    with torch.no_grad():
+      got = float(update.loss(batch, 0))
+    np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=task.name)
