@@ -58,7 +58,7 @@ class ScheduledAdamW(torch.optim.AdamW):
   """AdamW whose learning rate follows `schedule` at its own update count, as optax's schedules
   do: the first update takes schedule(0). On CUDA it is the fused kernel, into which the gradient
   scaler folds its overflow check: a step skipped there still counts, where the JAX workload's
-  skipped step does not (its schedule then trails by one update)."""
+  skipped step does not (the schedule then runs one update ahead of the JAX one)."""
 
   def __init__(self, params, schedule, **kwargs):
     super().__init__(params, lr=schedule(0), **kwargs)
