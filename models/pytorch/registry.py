@@ -1,6 +1,6 @@
 """The PyTorch peers by workload name: explicit imports and one dict that refuses duplicates."""
 
-from models.pytorch import mask_rcnn, nasnet, transformer
+from models.pytorch import bert, mask_rcnn, mt_dnn, nasnet, transformer
 from models.pytorch import peer as peer_lib
 
 _PEERS: dict[str, peer_lib.Peer] = {}
@@ -27,6 +27,9 @@ def get(name: str) -> peer_lib.Peer:
     ) from None
 
 
+# In the order of models/registry.py.
 _register(transformer.TRANSFORMER_BIG)
+_register(bert.BERT_BASE, bert.BERT_SQUAD)
+_register(mt_dnn.MT_DNN)
 _register(nasnet.NASNET_LARGE)
 _register(mask_rcnn.MASK_RCNN)
