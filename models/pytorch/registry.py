@@ -1,6 +1,6 @@
 """The PyTorch peers by workload name: explicit imports and one dict that refuses duplicates."""
 
-from models.pytorch import conv_seq2seq, mask_rcnn, nasnet, transformer, yolo
+from models.pytorch import conv_seq2seq, deeplab, mask_rcnn, nasnet, transformer, yolo
 from models.pytorch import peer as peer_lib
 
 _PEERS: dict[str, peer_lib.Peer] = {}
@@ -32,3 +32,4 @@ _register(nasnet.NASNET_LARGE)
 _register(mask_rcnn.MASK_RCNN)
 _register(conv_seq2seq.CONV_SEQ2SEQ)
 _register(yolo.YOLOV3)
+_register(deeplab.DEEPLABV3)
