@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from models import workload as wl
+from models.layers import attention as attention_layers
 
 PAD = 0  # token id of padding; synthetic sentences never draw it
 
@@ -44,12 +45,8 @@ class PostLNLayer(nn.Module):
   dtype: Any = jnp.float32
 
   def _attend(self, name, q_in, kv_in, mask, train):
-    attention = nn.MultiHeadDotProductAttention(
-      num_heads=self.heads,
-      dtype=self.dtype,
-      dropout_rate=self.attention_dropout,
-      deterministic=not train,
-      name=name,
+    attention = attention_layers.multi_head(
+      self.heads, self.attention_dropout, train, self.dtype, name=name
     )
     return attention(q_in, kv_in, mask=mask)
 
