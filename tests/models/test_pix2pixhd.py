@@ -62,7 +62,8 @@ def test_param_counts_at_full_size():
   shapes = jax.eval_shape(trainer.init, jax.random.key(0))
   counts = wl.param_counts(trainer, shapes)
   glob, local = _reference_generator()
-  assert glob + local == REFERENCE_G  # 36 input channels gave 182,857,059
+  assert glob + local == REFERENCE_G
+  assert sum(_reference_generator(inputs=36)) == 182_857_059  # without the instance features
   assert (counts['generator'], counts['discriminator']) == (REFERENCE_G, REFERENCE_D)
   assert counts['total'] == counts['generator'] + counts['discriminator']  # VGG is not trained
   assert wl.count_params(shapes.vgg_params) > 12_000_000  # VGG19 up to conv5_1
