@@ -14,14 +14,6 @@ import transformers
 from models import bert as bert_jax
 from models.pytorch import peer as peer_lib
 
-# Flax's attention (models/transformer.PostLNLayer) draws one attention-dropout mask per query
-# and key position and shares it across the batch and the heads (broadcast_dropout); SDPA draws
-# one per example and head, as Google's BERT does.
-ATTENTION_DROPOUT = (
-  'attention dropout draws a mask per example and head (SDPA); the JAX one shares one mask '
-  'across the batch and heads (flax broadcast_dropout)'
-)
-
 
 def bert_config(cfg: peer_lib.Config) -> transformers.BertConfig:
   """The BertConfig of a JAX BERT config (models/bert.BertEncoder)."""
@@ -158,7 +150,6 @@ BERT_BASE = peer_lib.Peer(
   build=build_pretraining,
   make_batch=pretraining_batch,
   source='transformers BertModel + BertPreTrainingHeads (sdpa), heads on the masked positions',
-  differences=(ATTENTION_DROPOUT,),
 )
 
 
@@ -197,5 +188,4 @@ BERT_SQUAD = peer_lib.Peer(
   build=build_squad,
   make_batch=squad_batch,
   source='transformers BertForQuestionAnswering (sdpa)',
-  differences=(ATTENTION_DROPOUT,),
 )

@@ -215,5 +215,4 @@ MT_DNN = peer_lib.Peer(
     'transformers BertModel (sdpa) with its pooler; SAN answer modules, pooled heads and '
     "MT-DNN's Adamax by hand"
   ),
-  differences=(bert_peer.ATTENTION_DROPOUT,),
 )
