@@ -104,6 +104,10 @@ class Args:
   autotune_log: str | None = None
   triton_gemm: bool = False
   progress_file: str | None = None
+  # flags/pytorch.py
+  framework: str = 'jax'
+  frameworks: tuple[str, ...] = ()
+  torch_compile: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +121,8 @@ class Plan:
   output: str | None = None
   progress_file: str | None = None
   warnings: tuple[str, ...] = ()  # what is wrong but does not stop the run: one line each
+  framework: str = 'jax'  # or 'pytorch': the workload's peer (jaxbench/pytorch)
+  torch_compile: bool = False
 
 
 def parse_overrides(items: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
@@ -246,6 +252,7 @@ def _files(a: Args) -> None:
 def plan(a: Args) -> Plan:
   """Check the command line's values together; the plan of what to do."""
   from jaxbench.core import bench  # pylint: disable=g-import-not-at-top
+  from jaxbench.pytorch import usage  # pylint: disable=g-import-not-at-top
   from models import registry  # pylint: disable=g-import-not-at-top
 
   if a.check and (a.describe or a.list_models):
@@ -259,6 +266,10 @@ def plan(a: Args) -> Plan:
       'choose a workload with --model=NAME (or --model=all); --list_models lists them'
     )
   workloads = resolve_models(a.model) if a.model else tuple(registry.all_workloads())
+  try:
+    usage.check(a, workloads)
+  except usage.Refused as e:
+    raise UsageError(str(e)) from None
   _search_conflicts(a)
   warnings = _hints(a.search_hints)
   if a.steps < a.windows:
@@ -296,4 +307,7 @@ def plan(a: Args) -> Plan:
     profile_dir=a.profile_dir,
   )
   action = 'describe' if a.describe else 'check' if a.check else 'run'
-  return Plan(action, workloads, options, a.remat, a.output, a.progress_file, tuple(warnings))
+  framework = {'framework': a.framework, 'torch_compile': a.torch_compile}
+  return Plan(
+    action, workloads, options, a.remat, a.output, a.progress_file, tuple(warnings), **framework
+  )
