@@ -154,9 +154,10 @@ class Program:
       return loss
     after = self.bytes_in_use()
     if prog.is_oom(error) and after != before:
+      # Not worded as an out-of-memory: the search stops here with an error.
       raise RuntimeError(
-        f'{after - before} bytes stayed allocated after the failed trial at {compiled.n} examples '
-        f'({prog.first_line(error)})'
+        f'{after - before} bytes stayed allocated after the failed trial at {compiled.n} examples,'
+        ' so the next trials would not start from the same memory'
       )
     raise error
 
