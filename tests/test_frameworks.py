@@ -6,7 +6,9 @@ import re
 import pytest
 
 from jaxbench.pytorch import frameworks
-from jaxbench.results import records
+from jaxbench.results import commands, measured, records, store
+from models import registry
+from tests import test_measured
 from tests import test_pytorch_harness as harness
 
 ROOT = harness.ROOT
@@ -129,3 +131,46 @@ def test_both_frameworks_run_in_their_own_processes_and_print_the_ratio(tmp_path
   assert row[4] == '1.00x' and row[7] == f'{jax_rate / torch_rate:.2f}x', r.stdout
   # Each framework ran in a child of its own: the progress names both commands.
   assert '--framework=jax' in r.stderr and '--framework=pytorch' in r.stderr
+
+
+@pytest.fixture
+def toy(monkeypatch):
+  """test_measured's toy workload in the registry (its records' workload)."""
+  real, workload = registry.get, test_measured.Toy()
+  monkeypatch.setattr(registry, 'get', lambda n: workload if n == 'toy' else real(n))
+
+
+def torch_run(**changes):
+  r = test_measured._run(framework='pytorch', torch_version='2.11.0', **changes)
+  del r['jax_version'], r['xla_flags']
+  return r
+
+
+def test_the_report_puts_the_pytorch_peer_beside_its_jax_row_with_the_ratios(toy):
+  jax_run = test_measured._run(framework='jax')
+  peer = torch_run(
+    max_batch=82,
+    torch_compile=True,
+    measurement={**jax_run['measurement'], 'units_per_s': 33.83},
+    timestamp='2026-12-02T01:00:00+00:00',
+  )
+  other_precision = torch_run(precision='fp32')
+  t = measured.table([jax_run, peer, other_precision])
+  assert len(t.rows) == 1  # PyTorch runs are no rows of their own
+  cells = dict(zip(t.header, t.rows[0]))
+  assert cells['throughput'] == '67.7 images/s'
+  assert cells['PyTorch'] == '82 images, 33.8 images/s compiled'
+  assert cells['JAX/PyTorch'] == 'batch 2.00x, throughput 2.00x'
+  assert any(n.startswith('PyTorch:') for n in t.notes)
+  alone = measured.table([jax_run])
+  assert 'PyTorch' not in alone.header and len(alone.header) == len(alone.rows[0])
+
+
+def test_a_pytorch_record_is_a_cell_and_a_command_of_its_own(toy):
+  jax_run, peer = test_measured._run(), torch_run(torch_compile=True)
+  assert store.key_of(jax_run) != store.key_of(peer)
+  assert store.key_of(peer) != store.key_of(torch_run())  # eager and compiled apart
+  assert len(store.latest([jax_run, peer])) == 2
+  command = commands.command_of(peer)
+  assert '--framework=pytorch --torch_compile' in command and '--triton_gemm' not in command
+  assert '--framework' not in commands.command_of(jax_run)
