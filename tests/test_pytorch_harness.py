@@ -323,3 +323,24 @@ def test_check_accepts_a_pytorch_run(tmp_path):
   )
   assert r.returncode == 0, r.stderr
   assert 'ok' in r.stdout
+
+
+def test_a_jax_run_never_imports_torch():
+  code = (
+    'import sys\n'
+    'from jaxbench import cli\n'
+    'from jaxbench.core import runner\n'
+    'from jaxbench.pytorch import frameworks, usage\n'
+    "cli.plan(cli.Args(model=('bert_base',), tiny=True))\n"
+    "print('torch' in sys.modules)\n"
+  )
+  r = subprocess.run(
+    [sys.executable, '-c', code],
+    cwd=ROOT,
+    env={**os.environ, 'PYTHONPATH': ROOT, 'JAX_PLATFORMS': 'cpu'},
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.strip() == 'False'

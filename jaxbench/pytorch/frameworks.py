@@ -25,13 +25,15 @@ _REWRITTEN = ('--frameworks', '--output', '--framework', '--tiny', '--notiny')
 
 def child_args(argv: Iterable[str], framework: str, output: str, tiny: bool) -> list[str]:
   """This command's flags for the child measuring `framework`: --frameworks, --output and
-  --framework replaced, the preset fixed to this command's."""
+  --framework replaced, the preset fixed to this command's, --torch_compile for PyTorch only."""
   out, skip = [], False
   for arg in argv:
     if skip:
       skip = False
       continue
     name = arg.split('=', 1)[0]
+    if framework != 'pytorch' and name in ('--torch_compile', '--notorch_compile'):
+      continue  # a flag of the PyTorch side only
     if name in _REWRITTEN:
       # absl also takes `--flag value` for the flags with values.
       skip = '=' not in arg and name in ('--frameworks', '--output', '--framework')
