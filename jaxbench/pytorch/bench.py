@@ -83,7 +83,8 @@ def run(
   pol = policy_lib.get(opts.precision or w.default_precision)
   policy_lib.apply(pol)
   cfg = w.resolve(tiny=opts.tiny, overrides=dict(opts.overrides))
-  device = torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+  # With its index: set_per_process_memory_fraction refuses a bare 'cuda'.
+  device = torch.device('cuda', 0) if torch.cuda.is_available() else torch.device('cpu')
   dev = environment.device_info(device)
   limit, enforced = budget(memory, device)
   if device.type == 'cuda':

@@ -202,6 +202,8 @@ def measure(
   Also returns the first warm-up step's seconds (with torch.compile, the compile), or None
   without warm-up."""
   per_window = max(1, steps // windows)
+  if program.device.type == 'cuda':  # the peak of the timed batch, not of the search's trials
+    torch.cuda.reset_peak_memory_stats(program.device)
   live = program.materialize(n)
   first_s = None
   loss = None
