@@ -265,6 +265,7 @@ def plan(**kw):
     (dict(frameworks=('jax', 'pytorch'), remat=True), '--remat is for JAX runs'),
     (dict(framework='pytorch', profile_dir='x'), '--profile_dir is for JAX runs'),
     (dict(framework='pytorch', run_every_fit=False), '--norun_every_fit is for JAX runs'),
+    (dict(framework='pytorch', train_steps=5), '--train_steps is for JAX runs'),
   ],
 )
 def test_the_plan_refuses_what_a_pytorch_run_cannot_do(kw, says, toy):
@@ -278,7 +279,8 @@ def test_the_plan_accepts_a_pytorch_run_with_a_peer(toy):
   assert plan().framework == 'jax'
 
 
-def test_a_workload_without_a_peer_is_refused_naming_those_with_one(toy):
+def test_a_workload_without_a_peer_is_refused_naming_those_with_one(monkeypatch):
+  monkeypatch.setattr(registry, '_PEERS', {'bert_base': toy_peer.TOY})
   with pytest.raises(
     cli.UsageError, match='yolov3 has no PyTorch peer; workloads with one: .*bert_base'
   ):

@@ -8,7 +8,7 @@ from jaxbench.core import backend
 
 INSTALL = "pip install -e '.[pytorch]'"
 # The flags whose work only the JAX side has (a compiler forecast, XLA's passes, a jax.profiler
-# trace), and the sweeps and predictions built on them.
+# trace, training with Orbax checkpoints), and the sweeps and predictions built on them.
 _JAX_ONLY = (
   ('predict', '--predict'),
   ('compile_for', '--compile_for'),
@@ -20,6 +20,8 @@ _JAX_ONLY = (
   ('search_resume', '--search_resume'),
   ('probe_autotune_level', '--probe_autotune_level'),
   ('profile_dir', '--profile_dir'),
+  ('train_steps', '--train_steps'),
+  ('checkpoint_dir', '--checkpoint_dir'),
 )
 
 

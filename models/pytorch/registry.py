@@ -1,5 +1,15 @@
 """The PyTorch peers by workload name: explicit imports and one dict that refuses duplicates."""
 
+from models.pytorch import (
+  bert,
+  conv_seq2seq,
+  deeplab,
+  mask_rcnn,
+  mt_dnn,
+  nasnet,
+  transformer,
+  yolo,
+)
 from models.pytorch import peer as peer_lib
 
 _PEERS: dict[str, peer_lib.Peer] = {}
@@ -24,3 +34,14 @@ def get(name: str) -> peer_lib.Peer:
     raise KeyError(
       f'{name} has no PyTorch peer; workloads with one: {", ".join(names()) or "none"}'
     ) from None
+
+
+# In the order of models/registry.py.
+_register(transformer.TRANSFORMER_BIG)
+_register(conv_seq2seq.CONV_SEQ2SEQ)
+_register(bert.BERT_BASE, bert.BERT_SQUAD)
+_register(mt_dnn.MT_DNN)
+_register(deeplab.DEEPLABV3)
+_register(yolo.YOLOV3)
+_register(nasnet.NASNET_LARGE)
+_register(mask_rcnn.MASK_RCNN)
