@@ -113,11 +113,13 @@ class Program:
 
   def _estimate(self, live: Live) -> int:
     """The bytes one eager iteration holds at its peak, counted from its tensors (CPU only)."""
-    storages: dict[int, int] = {}
+    # Each storage is held until the count ends, so that no address is freed and reused by
+    # another storage, which would then count once for two.
+    storages: dict[int, torch.UntypedStorage] = {}
 
     def add(t: torch.Tensor) -> torch.Tensor:
       s = t.untyped_storage()
-      storages[s.data_ptr()] = s.nbytes()
+      storages[s.data_ptr()] = s
       return t
 
     with torch.autograd.graph.saved_tensors_hooks(add, lambda t: t):
@@ -133,7 +135,7 @@ class Program:
           add(t)
     for t in _tensors(live.batch):
       add(t)
-    return sum(storages.values())
+    return sum(s.nbytes() for s in storages.values())
 
   def step(self, live: Live, i: int) -> torch.Tensor:
     """One training iteration (peer.run_updates); the last update's loss, not synced."""
