@@ -110,6 +110,10 @@ class Args:
   checkpoint_every: int = 100
   checkpoint_keep: int = 3
   log_every: int = 10
+  # flags/pytorch.py
+  framework: str = 'jax'
+  frameworks: tuple[str, ...] = ()
+  torch_compile: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +128,8 @@ class Plan:
   progress_file: str | None = None
   warnings: tuple[str, ...] = ()  # what is wrong but does not stop the run: one line each
   train: Any = None  # jaxbench.train.options.Train: train instead of timing (--train_steps)
+  framework: str = 'jax'  # or 'pytorch': the workload's peer (jaxbench/pytorch)
+  torch_compile: bool = False
 
 
 def parse_overrides(items: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
@@ -253,6 +259,7 @@ def _files(a: Args) -> None:
 def plan(a: Args) -> Plan:
   """Check the command line's values together; the plan of what to do."""
   from jaxbench.core import bench  # pylint: disable=g-import-not-at-top
+  from jaxbench.pytorch import usage  # pylint: disable=g-import-not-at-top
   from models import registry  # pylint: disable=g-import-not-at-top
 
   if a.check and (a.describe or a.list_models):
@@ -266,6 +273,10 @@ def plan(a: Args) -> Plan:
       'choose a workload with --model=NAME (or --model=all); --list_models lists them'
     )
   workloads = resolve_models(a.model) if a.model else tuple(registry.all_workloads())
+  try:
+    usage.check(a, workloads)
+  except usage.Refused as e:
+    raise UsageError(str(e)) from None
   _search_conflicts(a)
   warnings = _hints(a.search_hints)
   if a.steps < a.windows:
@@ -307,5 +318,14 @@ def plan(a: Args) -> Plan:
   )
   action = 'describe' if a.describe else 'check' if a.check else 'run'
   return Plan(
-    action, workloads, options, a.remat, a.output, a.progress_file, tuple(warnings), train
+    action,
+    workloads,
+    options,
+    a.remat,
+    a.output,
+    a.progress_file,
+    tuple(warnings),
+    train,
+    framework=a.framework,
+    torch_compile=a.torch_compile,
   )

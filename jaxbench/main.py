@@ -15,6 +15,7 @@ import sys
 from absl import app, flags
 
 from flags import advanced as advanced_flags  # noqa: F401  (defines the advanced flags)
+from flags import pytorch as pytorch_flags
 from flags import run as run_flags
 from flags import search as search_flags
 from flags import store as store_flags
@@ -26,7 +27,7 @@ from jaxbench.results import store
 
 # Intentionally kept short: the flags are read once, into cli.Args, and the work dispatched.
 FLAGS = flags.FLAGS
-for _module in (run_flags, search_flags, sweep_flags, store_flags, train_flags):
+for _module in (run_flags, search_flags, sweep_flags, store_flags, train_flags, pytorch_flags):
   flags.adopt_module_key_flags(_module)  # what --helpshort lists
 
 
@@ -55,14 +56,24 @@ def main(argv: list[str]) -> int:
     from jaxbench.cards import sweep  # pylint: disable=g-import-not-at-top
 
     return sweep.main(args, list(req.gpus), fail)
+  if args.frameworks:  # each framework in a fresh process: this one starts neither
+    from jaxbench.pytorch import frameworks  # pylint: disable=g-import-not-at-top
+
+    return frameworks.main(args, fail)
   from jaxbench.core import backend  # pylint: disable=g-import-not-at-top
+  from jaxbench.pytorch import usage  # pylint: disable=g-import-not-at-top
+
+  torch_run = args.framework == 'pytorch'
 
   if req.target is not None:
     deviceless.prepare()  # the host compiles on its CPU; the GPU is only described
   # XLA reads its memory and compiler options once, when the backend starts,
   # and importing a model may start it: configure first, import the rest after.
-  try:
-    memory = backend.configure(
+  try:  # a PyTorch run: its allocator gets the memory, and JAX the CPU
+    memory = (
+      usage.prepare(req.limit_gb if req.gpus else args.memory_limit_gb) if torch_run else None
+    )
+    memory = memory or backend.configure(
       req.limit_gb if req.gpus else args.memory_limit_gb,
       args.remat,
       args.compilation_cache_dir,
@@ -78,7 +89,8 @@ def main(argv: list[str]) -> int:
 
   if args.tiny is None and not (args.describe or args.list_models):
     # The preset a run gets decides what its --set values must satisfy: fix it before the plan.
-    args = dataclasses.replace(args, tiny=req.target is None and not bench.on_gpu())
+    on_gpu = usage.on_gpu() if torch_run else bench.on_gpu()
+    args = dataclasses.replace(args, tiny=req.target is None and not on_gpu)
   try:
     plan = cli.plan(args)
   except cli.UsageError as e:

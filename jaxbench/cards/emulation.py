@@ -116,7 +116,8 @@ def annotate(
   elif mode == 'predict':
     emu['how'] = f'predicted: compile-time peak <= {cap} (card memory - overhead), nothing run'
   elif where == 'allocator':
-    emu['how'] = f'emulated: XLA allocator capped at {cap} (card memory - overhead)'
+    allocator = 'PyTorch' if result.get('framework') == 'pytorch' else 'XLA'
+    emu['how'] = f'emulated: {allocator} allocator capped at {cap} (card memory - overhead)'
   else:
     emu['how'] = f'emulated: compile-time predicted peak bounded by {cap} ({where})'
   result['emulation'] = emu

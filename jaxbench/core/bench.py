@@ -102,6 +102,7 @@ def identity(
   """What every result records about its software, device and workload (the schema's head)."""
   return {
     'schema': SCHEMA,
+    'framework': 'jax',
     'jaxbench_version': jaxbench.__version__,
     'jax_version': jax.__version__,
     'python': sys.version.split()[0],

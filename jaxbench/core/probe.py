@@ -80,7 +80,7 @@ def probe(
   trial, compiled = _probe(
     program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase or _no_phase
   )
-  _after(trial)
+  _after(program, trial)
   return trial, compiled
 
 
@@ -102,12 +102,19 @@ def verify(
     predicted_temp_bytes=compiled.temp_bytes,
   )
   _run(program, compiled, trial, budget_bytes, run_steps, on_phase or _no_phase)
-  _after(trial)
+  _after(program, trial)
   return trial
 
 
-def _after(trial: Trial) -> None:
-  stats = prog.device_memory()
+def _device_memory(program) -> dict[str, int] | None:
+  """The allocator's statistics: the program's own where it has them (a PyTorch program's),
+  else JAX's."""
+  own = getattr(program, 'device_memory', None)
+  return own() if own is not None else prog.device_memory()
+
+
+def _after(program, trial: Trial) -> None:
+  stats = _device_memory(program)
   if stats:
     trial.bytes_in_use_after = stats.get('bytes_in_use')
 
@@ -130,10 +137,11 @@ def _probe(program, n, budget_bytes, run_steps, verify_predicted_oom, on_phase):
     FITS,
     predicted_peak_bytes=compiled.peak_bytes,
     predicted_temp_bytes=compiled.temp_bytes,
-    compile_s=round(compiled.compile_s, 3),
+    compile_s=None if compiled.compile_s is None else round(compiled.compile_s, 3),
     cached=compiled.cached,
   )
-  if budget_bytes is not None and compiled.peak_bytes > budget_bytes and not verify_predicted_oom:
+  over = budget_bytes is not None and (compiled.peak_bytes or 0) > budget_bytes
+  if over and not verify_predicted_oom:
     trial.outcome = OOM_PREDICTED
     trial.detail = (
       f'predicted peak {compiled.peak_bytes / 1e9:.3f} GB > budget {budget_bytes / 1e9:.3f} GB'
@@ -160,9 +168,9 @@ def _run(program, compiled, trial, budget_bytes, run_steps, on_phase) -> None:
   # Not in a `finally`: after a KeyboardInterrupt the abandoned run may still hold the device,
   # and the interrupted search must write its result without waiting on the allocator.
   trial.run_s = round(time.perf_counter() - start, 3)
-  stats = prog.device_memory()
+  stats = _device_memory(program)
   trial.process_peak_bytes = stats.get('peak_bytes_in_use') if stats else None
-  if trial.fits and budget_bytes is not None and compiled.peak_bytes > budget_bytes:
+  if trial.fits and budget_bytes is not None and (compiled.peak_bytes or 0) > budget_bytes:
     trial.outcome = OOM_PREDICTED  # ran anyway (verify_predicted_oom) but over the budget
     trial.detail = 'ran although predicted over budget; the budget is the limit that counts'
 

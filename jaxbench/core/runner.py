@@ -4,6 +4,7 @@ The progress of a run (each workload's header, each probe) goes to stderr; its r
 table and its notes, or the predictions) to stdout.
 """
 
+import functools
 import os
 import sys
 from typing import Any
@@ -55,6 +56,11 @@ def run(
 
 def _run(plan, options, req, memory, target, out, log) -> int:
   predicting = req.kind == emulation.PREDICT
+  run_one = bench.run
+  if plan.framework == 'pytorch':  # the workload's PyTorch peer (imports torch)
+    from jaxbench.pytorch import bench as torch_bench  # pylint: disable=g-import-not-at-top
+
+    run_one = functools.partial(torch_bench.run, torch_compile=plan.torch_compile)
   gpu = req.gpus[0] if req.gpus and not predicting else None
   results = []
   lost = []
@@ -96,7 +102,7 @@ def _run(plan, options, req, memory, target, out, log) -> int:
           w, options, list(req.gpus), plan.remat, log, target, checkpoint=checkpoint
         )
       else:
-        produced = [annotated(bench.run(w, options, memory, log, checkpoint))]
+        produced = [annotated(run_one(w, options, memory, log, checkpoint))]
       for result in produced:
         results.append(result)
         store(result)  # each result whole, as soon as it exists

@@ -13,6 +13,11 @@ probes the search jumps to the predicted boundary and then confirms both sides,
 falling back to doubling and bisection wherever the line is wrong. It ends when
 the largest fitting n and the smallest failing n are one example apart.
 
+Any object with the Program interface can be searched (`.workload`, `.cfg`, `.compile(n)` ->
+Compiled, `.run(compiled, steps)`): one without a forecast (peak_bytes None, no budget given, as
+a PyTorch peer's program in jaxbench/pytorch/) is searched by doubling and bisection alone, every
+probe run.
+
 A search may start from the decided trials of an earlier run of the same program under the
 same memory (`known`, --search_resume): a search whose compiles take minutes each can then
 span several processes, each adding probes. The trials keep the time of the run that made

@@ -88,6 +88,10 @@ def command_of(r: dict[str, Any]) -> str:
   args.append(f'--precision={r["precision"]}')
   if r.get('tiny'):
     args.append('--tiny')
+  if records.framework(r) != 'jax':
+    args.append(f'--framework={records.framework(r)}')
+    if r.get('torch_compile'):
+      args.append('--torch_compile')
   args += [f'--set={k}={v}' for k, v in _today(r)[1]]
   emu = r.get('emulation') or {}
   memory = r.get('memory') or {}

@@ -53,6 +53,8 @@ def row(result: dict[str, Any]) -> tuple[str, ...]:
   step = m.get('median_step_s')
   step_txt = '-' if step is None else f"{1e3 * step:.2f} (±{m['spread_pct'] / 2:.1f}%)"
   peak = m.get('predicted_peak_bytes')
+  if framework(result) != 'jax':  # PyTorch has no forecast: the allocator's peak
+    peak = m.get('process_peak_bytes')
   status = result['status'] if not result.get('error') else f"{result['status']}: {result['error']}"
   return (
     result['workload'],
@@ -69,12 +71,93 @@ def row(result: dict[str, Any]) -> tuple[str, ...]:
   )
 
 
+def framework(result: dict[str, Any]) -> str:
+  """'jax' or 'pytorch' (results from before the field are JAX's)."""
+  return result.get('framework') or 'jax'
+
+
+FRAMEWORK_NAMES = {'jax': 'JAX', 'pytorch': 'PyTorch'}
+
+
 def table(results: Iterable[dict[str, Any]]) -> str:
-  rows = [COLUMNS] + [row(r) for r in results]
-  widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+  """The printed table; with a framework column where any result is not JAX's."""
+  results = list(results)
+  header, rows = COLUMNS, [row(r) for r in results]
+  if any(framework(r) != 'jax' for r in results):
+    shown = [
+      FRAMEWORK_NAMES[framework(r)] + (' compiled' if r.get('torch_compile') else '')
+      for r in results
+    ]
+    header = (*COLUMNS[:2], 'framework', *COLUMNS[2:])
+    rows = [(*x[:2], f, *x[2:]) for x, f in zip(rows, shown)]
+  return _aligned([header, *rows])
+
+
+def _aligned(rows: list[tuple[str, ...]]) -> str:
+  widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
   lines = ['  '.join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
   lines.insert(1, '  '.join('-' * w for w in widths))
   return '\n'.join(lines)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+  return '-' if not a or not b else f'{a / b:.2f}x'
+
+
+SIDE_BY_SIDE = (
+  'workload',
+  'precision',
+  'max batch JAX',
+  'max batch PyTorch',
+  'ratio',
+  'throughput JAX',
+  'throughput PyTorch',
+  'ratio',
+  'PyTorch compile s',
+)
+
+
+def side_by_side(results: Iterable[dict[str, Any]]) -> str:
+  """JAX and PyTorch results of the same workload and precision on one row, with the ratios
+  JAX max batch over PyTorch max batch and JAX units/s over PyTorch units/s ('-' where either
+  is missing)."""
+  pairs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+  for r in results:
+    pairs.setdefault((r['workload'], r['precision']), {})[framework(r)] = r
+
+  def batch(r):
+    if r is None:
+      return '-'
+    text = f"{r.get('max_batch', 0)} {r['unit']}"
+    return text if r['status'] == 'ok' else f"{text} ({r['status']})"
+
+  def rate(r):
+    units = ((r or {}).get('measurement') or {}).get('units_per_s')
+    return None if units is None else units
+
+  def rate_text(r):
+    units = rate(r)
+    return '-' if units is None else f"{units:,.1f} {r['throughput_unit']}"
+
+  rows = []
+  for (name, precision), by in pairs.items():
+    j, t = by.get('jax'), by.get('pytorch')
+    ok = [x is not None and x['status'] == 'ok' for x in (j, t)]
+    compile_s = ((t or {}).get('measurement') or {}).get('compile_s')
+    rows.append(
+      (
+        name,
+        precision,
+        batch(j),
+        batch(t),
+        _ratio(j.get('max_batch'), t.get('max_batch')) if all(ok) else '-',
+        rate_text(j),
+        rate_text(t),
+        _ratio(rate(j), rate(t)),
+        _fmt(compile_s, '.1f'),
+      )
+    )
+  return _aligned([SIDE_BY_SIDE, *rows])
 
 
 def json_line(result: dict[str, Any]) -> str:
@@ -158,7 +241,12 @@ def notes(results: Iterable[dict[str, Any]]) -> str:
     out.append(
       f"{r['workload']}: memory {memory}"
       f", budget {human_bytes(budget)}"
-      f" enforced by {mem['enforced_by']}; XLA rematerialization {'on' if mem['remat'] else 'off'}"
+      f" enforced by {mem['enforced_by']}"
+      + (
+        f"; XLA rematerialization {'on' if mem['remat'] else 'off'}"
+        if framework(r) == 'jax'
+        else f"; PyTorch{' under torch.compile' if r.get('torch_compile') else ', eager'}"
+      )
       + ('' if autotune_level(r) is None else f'; XLA autotuning at level {autotune_level(r)}')
       + f"; {'max-batch search' if r['search']['mode'] == 'search' else 'fixed batch'},"
       f" {len(r['search']['trials'])} trials"

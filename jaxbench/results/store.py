@@ -40,6 +40,8 @@ def key_of(record: dict[str, Any]) -> Key:
   mode = record.get('mode', 'run')
   if (record.get('device') or {}).get('deviceless'):
     mode += ' deviceless'  # compiled for the GPU on a host without one: a prediction of its own
+  if record.get('framework', 'jax') != 'jax':  # a PyTorch peer's run: a cell beside JAX's
+    mode += f" {record['framework']}" + (' compiled' if record.get('torch_compile') else '')
   return key(
     mode,
     record['workload'],

@@ -70,6 +70,8 @@ def source_label(record: dict[str, Any]) -> str:
     kind = 'emulated' if (record.get('emulation') or {}).get('gpu') else 'measured'
   if (record.get('device') or {}).get('deviceless'):
     kind += ' (deviceless)'  # compiled for the GPU on a host without it: no autotuning
+  if record.get('framework', 'jax') == 'pytorch':
+    kind += ' PyTorch' + (' compiled' if record.get('torch_compile') else '')
   extra = ''.join(
     [
       ' tiny' if record.get('tiny') else '',
