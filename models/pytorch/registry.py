@@ -1,6 +1,6 @@
 """The PyTorch peers by workload name: explicit imports and one dict that refuses duplicates."""
 
-from models.pytorch import mask_rcnn, nasnet, transformer, unsupmt
+from models.pytorch import mask_rcnn, nasnet, stylegan, transformer, unsupmt
 from models.pytorch import peer as peer_lib
 
 _PEERS: dict[str, peer_lib.Peer] = {}
@@ -31,3 +31,4 @@ _register(transformer.TRANSFORMER_BIG)
 _register(nasnet.NASNET_LARGE)
 _register(mask_rcnn.MASK_RCNN)
 _register(unsupmt.UNSUPMT)
+_register(stylegan.STYLEGAN)

@@ -1,0 +1,189 @@
+"""The PyTorch peer of stylegan trains what the JAX workload trains: the same parameters per
+network, batch and layers (the fused resampling, blur and minibatch stddev compute the JAX
+functions), R1 on the reals, Gs, and each network learns with the other frozen."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from models import precision, registry
+from models import workload as wl
+from models.pytorch import peer as peer_lib
+from models.pytorch import registry as peer_registry
+from models.pytorch import stylegan
+from models.stylegan import layers as jax_layers
+from models.stylegan import train as jax_train
+
+NAME = 'stylegan'
+CPU = torch.device('cpu')
+CFG = registry.get(NAME).resolve(tiny=True)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+  """Two threads on a shared two-core machine run these small convolutions slower than one."""
+  threads = torch.get_num_threads()
+  torch.set_num_threads(1)
+  yield
+  torch.set_num_threads(threads)
+
+
+def _jax_counts(cfg):
+  trainer = registry.get(NAME).trainer(cfg, precision.get('fp32'))
+  return wl.param_counts(trainer, jax.eval_shape(trainer.init, jax.random.key(0)))
+
+
+def _counts(cfg):
+  setup = peer_registry.get(NAME).build(cfg, torch.device('meta'))
+  counts = {k: sum(p.numel() for p in m.parameters()) for k, m in setup.modules.items()}
+  return dict(counts, total=setup.param_count())
+
+
+def test_full_size_parameter_counts_per_network_equal_jax():
+  counts = _counts(registry.get(NAME).resolve())
+  assert counts == _jax_counts(registry.get(NAME).resolve())
+  assert counts == {'generator': 26_212_019, 'discriminator': 23_077_137, 'total': 49_289_156}
+
+
+def test_tiny_parameter_counts_per_network_equal_jax():
+  assert _counts(CFG) == _jax_counts(CFG)
+
+
+def test_batch_has_the_jax_shapes_dtypes_and_values():
+  want = jax_train.make_batch(CFG, jax.random.key(0), 5)['images']
+  images = stylegan.make_batch(CFG, 5, torch.Generator().manual_seed(0), CPU)['images']
+  n, h, w, c = want.shape
+  assert tuple(images.shape) == (n, c, h, w)  # NCHW
+  assert images.dtype == torch.float32 and str(want.dtype) == 'float32'
+  assert -1.0 <= float(images.min()) and float(images.max()) <= 1.0
+  # The JAX construction on the same numbers: bilinear resize, grain, clip.
+  rng = np.random.default_rng(0)
+  coarse = rng.uniform(-1, 1, (2, 4, 4, 3)).astype(np.float32)
+  grain = rng.standard_normal((2, 16, 16, 3)).astype(np.float32)
+  jax_images = jnp.clip(jax.image.resize(coarse, (2, 16, 16, 3), 'bilinear') + 0.05 * grain, -1, 1)
+  nchw = lambda a: torch.from_numpy(np.ascontiguousarray(a.transpose(0, 3, 1, 2)))
+  got = stylegan.smooth_images(nchw(coarse), nchw(grain))
+  np.testing.assert_allclose(got.numpy(), np.asarray(jax_images).transpose(0, 3, 1, 2), atol=1e-6)
+
+
+def _nhwc(t):
+  return jnp.asarray(t.detach().numpy().transpose(0, 2, 3, 1))
+
+
+@pytest.mark.parametrize('resample', ['up', 'down'])
+def test_fused_resampling_computes_the_jax_convolution(resample):
+  # Odd-sized sides (6 and 10) so that a kernel flipped or shifted by a pixel shows.
+  torch.manual_seed(0)
+  x = torch.randn(2, 4, 6, 10)
+  fused = stylegan.EqConv(4, 6, resample=resample, fused=True)
+  separate = stylegan.EqConv(4, 6, resample=resample, fused=False)
+  with torch.no_grad():
+    fused.bias.normal_()
+  separate.load_state_dict(fused.state_dict())
+  got = fused(x)
+  assert tuple(got.shape) == ((2, 6, 12, 20) if resample == 'up' else (2, 6, 3, 5))
+  np.testing.assert_allclose(got.detach().numpy(), separate(x).detach().numpy(), atol=1e-5)
+  params = {
+    'kernel': jnp.asarray(fused.weight.detach().numpy().transpose(2, 3, 1, 0)),
+    'bias': jnp.asarray(fused.bias.detach().numpy()),
+  }
+  want = jax_layers.EqConv(6, resample=resample, fused=True).apply({'params': params}, _nhwc(x))
+  np.testing.assert_allclose(_nhwc(got), want, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_resampling_takes_a_3x3_kernel():
+  with pytest.raises(ValueError, match='takes a 3x3 kernel, not 5x5'):
+    stylegan.EqConv(2, 3, kernel=5, resample='up', fused=True)
+
+
+def test_blur_and_minibatch_stddev_compute_the_jax_functions():
+  torch.manual_seed(0)
+  x = torch.randn(6, 4, 5, 7)  # groups of 3: image i in group i % 2
+  np.testing.assert_allclose(
+    _nhwc(stylegan.Blur(4)(x)), jax_layers.blur(_nhwc(x), 'shifts'), rtol=1e-5, atol=1e-6
+  )
+  got = stylegan.minibatch_stddev(x, 4, 2)
+  assert tuple(got.shape) == (6, 6, 5, 7)
+  np.testing.assert_allclose(
+    _nhwc(got), jax_layers.minibatch_stddev(_nhwc(x), 4, 2), rtol=1e-5, atol=1e-6
+  )
+
+
+def _setup_and_batch(seed=0):
+  torch.manual_seed(seed)
+  setup = peer_registry.get(NAME).build(CFG, CPU)
+  batch = stylegan.make_batch(CFG, 2, torch.Generator().manual_seed(1), CPU)
+  return setup, batch
+
+
+def test_one_iteration_updates_both_networks_then_gs_and_w_avg():
+  setup, batch = _setup_and_batch()
+  assert [u.optimizer.param_groups[0]['betas'] for u in setup.updates] == [(0.0, 0.99)] * 2
+  generator, discriminator = setup.modules['generator'], setup.modules['discriminator']
+  before = {k: [p.detach().clone() for p in m.parameters()] for k, m in setup.modules.items()}
+  ema_params = list(setup.after_step.average.parameters())
+  assert not any(p.requires_grad for p in ema_params)
+  assert all(torch.equal(a, b) for a, b in zip(ema_params, generator.parameters()))
+  loss = peer_lib.run_updates(setup, batch, 0)
+  assert np.isfinite(loss.item())
+  for name, module in (('generator', generator), ('discriminator', discriminator)):
+    moved = [not torch.equal(a, b) for a, b in zip(before[name], module.parameters())]
+    assert any(moved), name
+  # Gs moved a 1 - beta part of the way from G's old weights to its new ones (the mapping's
+  # weights are N(0, 100^2): float32 rounding is relative).
+  beta = jax_train.ema_beta(CFG, 2)
+  for old, new, avg in zip(before['generator'], generator.parameters(), ema_params):
+    np.testing.assert_allclose(
+      avg.numpy(), (beta * old + (1 - beta) * new).detach().numpy(), rtol=1e-6, atol=1e-6
+    )
+  assert generator.w_avg.abs().sum() > 0  # tracked from both G runs
+
+
+def _learns(update_index, seed):
+  setup, batch = _setup_and_batch()
+  one = dataclasses.replace(setup, updates=[setup.updates[update_index]], after_step=None)
+  losses = []
+  for step in range(15):
+    torch.manual_seed(seed)  # the same latents, noise and mixing every step
+    losses.append(peer_lib.run_updates(one, batch, step).item())
+  assert np.all(np.isfinite(losses)), losses
+  assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3]), losses
+
+
+def test_discriminator_learns_with_the_generator_frozen():
+  _learns(0, seed=3)
+
+
+def test_generator_learns_with_the_discriminator_frozen():
+  _learns(1, seed=4)
+
+
+def test_r1_is_the_squared_input_gradient_on_the_reals():
+  setup, batch = _setup_and_batch()
+  generator, discriminator = setup.modules['generator'], setup.modules['discriminator']
+
+  def penalty(gamma):
+    torch.manual_seed(5)
+    return stylegan.d_loss(generator, discriminator, batch['images'], gamma).item()
+
+  reals = batch['images'].clone().requires_grad_(True)
+  (grads,) = torch.autograd.grad(discriminator(reals).sum(), reals)
+  r1 = grads.square().sum(dim=(1, 2, 3)).mean().item()
+  assert r1 > 0
+  np.testing.assert_allclose(penalty(10.0) - penalty(0.0), 5.0 * r1, rtol=1e-4)
+  # FromRGB's kernel at zero: D sees only its biases, whatever the image, and R1 is zero.
+  with torch.no_grad():
+    discriminator.from_rgb.weight.zero_()
+  assert penalty(10.0) == penalty(0.0)
+
+
+def test_generator_update_leaves_the_discriminator_without_gradients():
+  setup, batch = _setup_and_batch()
+  g_update = setup.updates[1]
+  g_update.loss(batch, 0).backward()
+  assert all(p.grad is None for p in setup.modules['discriminator'].parameters())
+  assert all(p.grad is not None for p in setup.modules['generator'].synthesis.parameters())
