@@ -264,21 +264,26 @@ class Discriminator(nn.Module):
     return self.dense1(lrelu(self.dense0(x.flatten(1))))[:, 0]
 
 
-def d_loss(generator, discriminator, reals, r1_gamma):
-  """D_logistic_simplegp: softplus(D(fake)) + softplus(-D(real)) + gamma/2 * |grad_x D(real)|^2.
+@torch.compiler.disable
+def r1_penalty(discriminator, reals):
+  """D(reals) and the per-image |grad_x D(reals)|^2, the input gradient taken with create_graph
+  so that the update differentiates it. torch.compile leaves it eager: AOT autograd does not
+  differentiate twice."""
+  reals = reals.detach().requires_grad_(True)
+  real_scores = discriminator(reals).float()
+  (grads,) = torch.autograd.grad(real_scores.sum(), reals, create_graph=True)
+  return real_scores, grads.float().square().sum(dim=(1, 2, 3))
 
-  The fakes come from G without a graph (only D is trained here); R1's input gradient is taken
-  with create_graph so that the update differentiates it.
-  """
+
+def d_loss(generator, discriminator, reals, r1_gamma):
+  """D_logistic_simplegp: softplus(D(fake)) + softplus(-D(real)) + gamma/2 * R1. The fakes come
+  from G without a graph: only D is trained here."""
   with torch.no_grad():
     fakes = generator(
       torch.randn(reals.shape[0], generator.cfg['latent_size'], device=reals.device)
     )
   fake_scores = discriminator(fakes).float()
-  reals = reals.detach().requires_grad_(True)
-  real_scores = discriminator(reals).float()
-  (grads,) = torch.autograd.grad(real_scores.sum(), reals, create_graph=True)
-  r1 = grads.float().square().sum(dim=(1, 2, 3))
+  real_scores, r1 = r1_penalty(discriminator, reals)
   return (F.softplus(fake_scores) + F.softplus(-real_scores) + r1 * (r1_gamma * 0.5)).mean()
 
 

@@ -187,3 +187,18 @@ def test_generator_update_leaves_the_discriminator_without_gradients():
   g_update.loss(batch, 0).backward()
   assert all(p.grad is None for p in setup.modules['discriminator'].parameters())
   assert all(p.grad is not None for p in setup.modules['generator'].synthesis.parameters())
+
+
+@pytest.mark.slow
+def test_discriminator_update_runs_under_torch_compile():
+  # AOT autograd does not differentiate twice: R1 stays eager inside the compiled loss.
+  setup, batch = _setup_and_batch()
+  d_update = setup.updates[0]
+  eager = d_update.loss
+  d_update.loss = torch.compile(eager, backend='aot_eager')
+  torch.manual_seed(6)
+  compiled = peer_lib.run_updates(dataclasses.replace(setup, updates=[d_update]), batch, 0)
+  setup, _ = _setup_and_batch()
+  torch.manual_seed(6)
+  want = peer_lib.run_updates(dataclasses.replace(setup, updates=[setup.updates[0]]), batch, 0)
+  np.testing.assert_allclose(compiled.item(), want.item(), rtol=1e-5)
