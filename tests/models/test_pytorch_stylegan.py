@@ -17,6 +17,7 @@ from models.pytorch import registry as peer_registry
 from models.pytorch import stylegan
 from models.stylegan import layers as jax_layers
 from models.stylegan import train as jax_train
+from models.stylegan.nets import log2_res
 
 NAME = 'stylegan'
 CPU = torch.device('cpu')
@@ -202,3 +203,87 @@ def test_discriminator_update_runs_under_torch_compile():
   torch.manual_seed(6)
   want = peer_lib.run_updates(dataclasses.replace(setup, updates=[setup.updates[0]]), batch, 0)
   np.testing.assert_allclose(compiled.item(), want.item(), rtol=1e-5)
+
+
+def _conv(kernel_KxKxIxO):
+  return kernel_KxKxIxO.transpose(3, 2, 0, 1)
+
+
+def _torch_state_from_jax(params, cfg):
+  """The JAX workload's generator and discriminator parameters under the peer's names."""
+  g, d = params['generator'], params['discriminator']
+  state = {'generator.w_avg': np.zeros(cfg['latent_size'], np.float32)}  # a buffer, not trained
+  for i in range(cfg['mapping_layers']):
+    dense = g['mapping'][f'dense_{i}']
+    state[f'generator.mapping.dense.{i}.weight'] = dense['kernel'].T
+    state[f'generator.mapping.dense.{i}.bias'] = dense['bias']
+  s = g['synthesis']
+  state['generator.synthesis.const'] = s['const'].transpose(2, 0, 1)[None]
+  state['generator.synthesis.conv_4.weight'] = _conv(s['conv_4']['kernel'])
+  state['generator.synthesis.to_rgb.weight'] = _conv(s['to_rgb']['kernel'])
+  state['generator.synthesis.to_rgb.bias'] = s['to_rgb']['bias']
+  for i, size in enumerate(2**r for r in range(3, log2_res(cfg) + 1)):
+    state[f'generator.synthesis.up.{i}.weight'] = _conv(s[f'conv0_up_{size}']['kernel'])
+    state[f'generator.synthesis.conv.{i}.weight'] = _conv(s[f'conv1_{size}']['kernel'])
+  for i in range(2 * log2_res(cfg) - 2):
+    e, prefix = s[f'epilogue_{i}'], f'generator.synthesis.epilogues.{i}'
+    state[f'{prefix}.noise_strength'] = e['noise_strength']
+    state[f'{prefix}.bias'] = e['bias']
+    state[f'{prefix}.style.weight'] = e['style']['dense']['kernel'].T
+    state[f'{prefix}.style.bias'] = e['style']['dense']['bias']
+  conv = lambda name, jax_name: state.update(
+    {
+      f'discriminator.{name}.weight': _conv(d[jax_name]['kernel']),
+      f'discriminator.{name}.bias': d[jax_name]['bias'],
+    }
+  )
+  conv('from_rgb', 'from_rgb')
+  conv('conv_4', 'conv_4')
+  for i, size in enumerate(2**r for r in range(log2_res(cfg), 2, -1)):
+    conv(f'conv0.{i}', f'conv0_{size}')
+    conv(f'down.{i}', f'conv1_down_{size}')
+  # JAX flattens H x W x C, the peer C x H x W.
+  kernel = d['dense0']['kernel']
+  c = kernel.shape[0] // 16
+  state['discriminator.dense0.weight'] = (
+    kernel.reshape(4, 4, c, -1).transpose(2, 0, 1, 3).reshape(16 * c, -1).T
+  )
+  state['discriminator.dense0.bias'] = d['dense0']['bias']
+  state['discriminator.dense1.weight'] = d['dense1']['kernel'].T
+  state['discriminator.dense1.bias'] = d['dense1']['bias']
+  return {k: torch.from_numpy(np.array(v)) for k, v in state.items()}
+
+
+def test_networks_compute_the_jax_networks_with_their_weights():
+  trainer = registry.get(NAME).trainer(CFG, precision.get('fp32'))
+  params = jax.jit(trainer.init)(jax.random.key(0)).params
+  # Every parameter non-zero (biases and styles too), but the noise strengths: the two draw
+  # their noise differently.
+  draw = np.random.default_rng(0).standard_normal
+  params = jax.tree_util.tree_map_with_path(
+    lambda path, p: (
+      p if 'noise_strength' in str(path) else p + 0.3 * draw(p.shape).astype(np.float32)
+    ),
+    params,
+  )
+  params = jax.tree.map(np.asarray, params)
+  setup = stylegan.build(CFG, CPU)
+  modules = torch.nn.ModuleDict(setup.modules)
+  modules.load_state_dict(_torch_state_from_jax(params, CFG), strict=True)
+  nets = jax_train.Nets(CFG)
+  images = stylegan.make_batch(CFG, 4, torch.Generator().manual_seed(0), CPU)['images']
+  with torch.no_grad():
+    got = modules['discriminator'](images)
+  want = nets.score(params['discriminator'], _nhwc(images))
+  np.testing.assert_allclose(got.numpy(), np.asarray(want), rtol=1e-5, atol=1e-5)
+  z = np.random.default_rng(1).standard_normal((3, CFG['latent_size'])).astype(np.float32)
+  generator = modules['generator'].eval()  # no style mixing
+  with torch.no_grad():
+    got = generator(torch.from_numpy(z))
+  want, _ = nets.generator.apply(
+    {'params': params['generator']},
+    jnp.asarray(z),
+    train=False,
+    rngs={'dropout': jax.random.key(2)},
+  )
+  np.testing.assert_allclose(_nhwc(got), want, rtol=1e-5, atol=1e-5)

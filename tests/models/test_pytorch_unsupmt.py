@@ -172,3 +172,45 @@ def test_one_iteration_then_every_loss_falls_on_a_fixed_batch():
   assert np.isfinite(per_update).all()
   # Each of the four (ae en, ae fr, bt en-fr-en, bt fr-en-fr) learns.
   assert (per_update[-3:].mean(0) < 0.8 * per_update[:3].mean(0)).all(), per_update
+
+
+def _torch_state_from_jax(params):
+  """The JAX workload's parameters under the peer's names (Dense kernels transposed)."""
+  state = {}
+  for path, value in jax.tree_util.tree_flatten_with_path(params)[0]:
+    keys = [k.key for k in path]
+    leaf = keys.pop()
+    keys = [
+      k.replace('layer_', 'layers.') if k.startswith('layer_') and k[6:].isdigit() else k
+      for k in keys
+    ]
+    keys = [k for k in keys if k != 'ffn']
+    value = np.asarray(value)
+    if leaf == 'kernel':
+      leaf, value = 'weight', value.T
+    elif leaf in ('scale', 'embedding'):
+      leaf = 'weight'
+    state['.'.join(keys + [leaf])] = torch.from_numpy(value.copy())
+  return state
+
+
+def test_logits_equal_the_jax_models_with_its_weights():
+  parts = jax_xlm.build(CFG, precision.get('fp32'))
+  params = jax.jit(parts.init)(jax.random.key(0)).params
+  model = unsupmt.EncoderDecoder(CFG)
+  model.load_state_dict(_torch_state_from_jax(params), strict=True)
+  batch = _batch(3, 2)
+  src = unsupmt.word_dropout(batch['ae'][0], 0.3)  # source padding, masked in both
+  assert (src == noise.PAD).any()
+  tgt = batch['ae'][1]
+  with torch.no_grad():
+    got = model(src, unsupmt.EN, tgt[:, :-1], unsupmt.FR, train=False)
+  want = parts.module.apply(
+    {'params': params},
+    jnp.asarray(src.numpy()),
+    jax_xlm.EN,
+    jnp.asarray(tgt[:, :-1].numpy()),
+    jax_xlm.FR,
+    False,
+  )
+  np.testing.assert_allclose(got.numpy(), np.asarray(want), rtol=1e-5, atol=1e-5)
