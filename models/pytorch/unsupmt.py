@@ -168,7 +168,9 @@ def generate(model: EncoderDecoder, src_BxS, src_lang: int, tgt_lang: int, lengt
   """XLM's greedy generate, without dropout: B x length tokens, `EOS words EOS PAD..`.
 
   Stops when every sentence has produced EOS (XLM's `break`), else after length - 1 steps;
-  sentences still open then get EOS in the last column, as models/unsupmt/xlm.generate.
+  sentences still open then get EOS in the last column, as models/unsupmt/xlm.generate. Each
+  step attends over the cache's written positions (the JAX workload masks a fixed-length
+  cache: the same tokens), and the stop test reads the device once a step, as XLM's does.
   """
   decoder = model.decoder
   memory_kv = decoder.memory_kv(model.encoder.encode(src_BxS, src_lang, False))
