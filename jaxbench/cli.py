@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import TYPE_CHECKING, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Callable, NoReturn
 
 from absl import flags
 
@@ -104,6 +104,12 @@ class Args:
   autotune_log: str | None = None
   triton_gemm: bool = False
   progress_file: str | None = None
+  # flags/train.py
+  train_steps: int | None = None
+  checkpoint_dir: str | None = None
+  checkpoint_every: int = 100
+  checkpoint_keep: int = 3
+  log_every: int = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +123,7 @@ class Plan:
   output: str | None = None
   progress_file: str | None = None
   warnings: tuple[str, ...] = ()  # what is wrong but does not stop the run: one line each
+  train: Any = None  # jaxbench.train.options.Train: train instead of timing (--train_steps)
 
 
 def parse_overrides(items: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
@@ -277,6 +284,9 @@ def plan(a: Args) -> Plan:
         f'({w.example_size(cfg)} {w.unit})'
       )
   _files(a)
+  from jaxbench.train import options as train_options  # pylint: disable=g-import-not-at-top
+
+  train = train_options.plan(a, workloads[0], cfg)
   options = bench.Options(
     precision=a.precision,
     tiny=bool(a.tiny),
@@ -296,4 +306,6 @@ def plan(a: Args) -> Plan:
     profile_dir=a.profile_dir,
   )
   action = 'describe' if a.describe else 'check' if a.check else 'run'
-  return Plan(action, workloads, options, a.remat, a.output, a.progress_file, tuple(warnings))
+  return Plan(
+    action, workloads, options, a.remat, a.output, a.progress_file, tuple(warnings), train
+  )

@@ -19,13 +19,14 @@ from flags import run as run_flags
 from flags import search as search_flags
 from flags import store as store_flags
 from flags import sweep as sweep_flags
+from flags import train as train_flags
 from jaxbench import cli
 from jaxbench.core import interrupt
 from jaxbench.results import store
 
 # Intentionally kept short: the flags are read once, into cli.Args, and the work dispatched.
 FLAGS = flags.FLAGS
-for _module in (run_flags, search_flags, sweep_flags, store_flags):
+for _module in (run_flags, search_flags, sweep_flags, store_flags, train_flags):
   flags.adopt_module_key_flags(_module)  # what --helpshort lists
 
 
@@ -43,9 +44,12 @@ def main(argv: list[str]) -> int:
   from jaxbench.cards import deviceless, emulation  # pylint: disable=g-import-not-at-top
 
   args = read_args()
+  from jaxbench.train import options as train_options  # pylint: disable=g-import-not-at-top
+
   try:
+    train_options.check_flags(args)  # before the cards: training is one run on the device
     req = emulation.request(args)
-  except ValueError as e:
+  except (ValueError, cli.UsageError) as e:
     fail(str(e))
   if req.kind == emulation.SWEEP:  # each cell in a fresh process: this one starts no JAX
     from jaxbench.cards import sweep  # pylint: disable=g-import-not-at-top

@@ -23,18 +23,27 @@ class Policy:
   matmul_precision: str
   loss_scaling: bool
   description: str
+  # The dynamic loss scale's start and the finite steps between doublings (halved on any
+  # overflow). TensorFlow's defaults (Keras' LossScaleOptimizer: 2**15, every 2000 steps) serve
+  # the workloads whose reference named none; a workload whose 2020 run used other values states
+  # them with `with_loss_scale` (transformer_big: fairseq's).
+  loss_scale_init: float = 2.0**15
+  loss_scale_window: int = 2000
+
+  def with_loss_scale(self, init: float, window: int) -> 'Policy':
+    """This policy with a workload's own initial loss scale and growth window."""
+    return dataclasses.replace(self, loss_scale_init=init, loss_scale_window=window)
 
   def initial_scale(self) -> dynamic_scale.DynamicScale | None:
     """The dynamic loss scale a fresh train state starts with (fp16 only)."""
     if not self.loss_scaling:
       return None
-    # 2**15 and a doubling every 2000 finite steps are fairseq's and apex's defaults.
     return dynamic_scale.DynamicScale(
       growth_factor=2.0,
       backoff_factor=0.5,
-      growth_interval=2000,
+      growth_interval=self.loss_scale_window,
       fin_steps=jnp.int32(0),
-      scale=jnp.float32(2.0**15),
+      scale=jnp.float32(self.loss_scale_init),
     )
 
 

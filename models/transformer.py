@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from models import workload as wl
+from models.layers import attention as attention_layers
 
 PAD = 0  # token id of padding; synthetic sentences never draw it
 
@@ -44,12 +45,8 @@ class PostLNLayer(nn.Module):
   dtype: Any = jnp.float32
 
   def _attend(self, name, q_in, kv_in, mask, train):
-    attention = nn.MultiHeadDotProductAttention(
-      num_heads=self.heads,
-      dtype=self.dtype,
-      dropout_rate=self.attention_dropout,
-      deterministic=not train,
-      name=name,
+    attention = attention_layers.multi_head(
+      self.heads, self.attention_dropout, train, self.dtype, name=name
     )
     return attention(q_in, kv_in, mask=mask)
 
@@ -170,6 +167,18 @@ def optimizer(cfg):
   return optax.adam(inverse_sqrt(cfg['lr'], cfg['warmup']), b1=0.9, b2=0.98, eps=1e-8)
 
 
+# fairseq's fp16 loss scale on one GPU: --fp16-init-scale 2**7, and --fp16-scale-window unset,
+# which FP16Optimizer makes 2**14 / (GPUs x update_freq) updates between doublings.
+FAIRSEQ_LOSS_SCALE = dict(init=2.0**7, window=2**14)
+
+
+def trainer(cfg, policy):
+  """The supervised trainer, under fairseq's loss scale where the policy scales the loss."""
+  return wl.supervised(lambda cfg, dtype: TransformerBig(cfg, dtype), make_batch, loss, optimizer)(
+    cfg, policy.with_loss_scale(**FAIRSEQ_LOSS_SCALE)
+  )
+
+
 def flops_per_example(cfg):
   """Training FLOPs of one sentence pair: 3x the forward matmuls (backward is 2x)."""
   d, f, v = cfg['d_model'], cfg['ffn'], cfg['vocab']
@@ -230,10 +239,11 @@ TRANSFORMER_BIG = wl.Workload(
   ),
   spec=dict(vocab=wl.Key(lo=2), dropout=wl.FRACTION, label_smoothing=wl.FRACTION),
   check=check,
-  trainer=wl.supervised(lambda cfg, dtype: TransformerBig(cfg, dtype), make_batch, loss, optimizer),
+  trainer=trainer,
   flops_per_example=flops_per_example,
   # max_tokens counts padded tokens of the longer side: sentences x max(S, T).
   example_size=lambda cfg: max(cfg['src_len'], cfg['tgt_len']),
   units_per_example=lambda cfg: cfg['tgt_len'],
   default_precision='fp16',
+  revision=2,
 )

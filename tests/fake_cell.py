@@ -24,7 +24,12 @@ def main(argv):
   if os.environ.get('FAKE_CRASH') == args['model']:
     print('Traceback: the fake cell crashed', flush=True)
     os.abort()
-  head = {'workload': args['model'], 'precision': args['precision'], 'tiny': '--tiny' in argv}
+  head = {
+    'workload': args['model'],
+    'precision': args['precision'],
+    'tiny': '--tiny' in argv,
+    'workload_revision': int(args.get('fake_revision', 1)),
+  }
   paths = [p for p in args.get('search_hints', '').split(',') if p]
   hint_peaks = {str(n): peak for n, peak in sorted(hints.load(paths, head)[0].items())}
   if os.environ.get('FAKE_HANG') == args['model']:
@@ -39,6 +44,7 @@ def main(argv):
         'search': {'trials': [{'examples': 8, 'outcome': 'fits', 'predicted_peak_bytes': 1000}]},
         'max_examples': 8,
         'max_batch': 8,
+        'workload_revision': int(args.get('fake_revision', 1)),
       }
       emulation.annotate(so_far, catalog.get(gpus[0]), tuple(map(tuple, sets)), 'run')
       report.replace_json(args['progress_file'], so_far)
@@ -64,6 +70,7 @@ def main(argv):
       'measurement': {'units_per_s': 100.0},
       'pid': os.getpid(),
       'hint_peaks': hint_peaks,
+      'workload_revision': int(args.get('fake_revision', 1)),
     }
     emulation.annotate(
       result, catalog.get(gpu), tuple(map(tuple, sets)), 'predict' if '--predict' in argv else 'run'

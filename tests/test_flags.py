@@ -41,6 +41,11 @@ USER_FLAGS = {
   'store',
   'cell_timeout_s',
   'retry_failed',
+  'train_steps',
+  'checkpoint_dir',
+  'checkpoint_every',
+  'checkpoint_keep',
+  'log_every',
 }
 ADVANCED_FLAGS = {
   'remat',
@@ -177,5 +182,5 @@ def test_each_flag_module_defines_its_group():
   by_module = {m: {f.name for f in fl} for m, fl in flags.FLAGS.flags_by_module_dict().items()}
   assert by_module[advanced_flags.__name__] == ADVANCED_FLAGS
   user = by_module['flags.run'] | by_module['flags.search'] | by_module['flags.sweep']
-  user |= by_module['flags.store']
+  user |= by_module['flags.store'] | by_module['flags.train']
   assert user == USER_FLAGS

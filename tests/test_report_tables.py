@@ -12,7 +12,7 @@ import pytest
 
 from jaxbench import report_main
 from jaxbench.cards import catalog
-from jaxbench.results import measured, render, tables
+from jaxbench.results import measured, published, render, tables
 from jaxbench.results import records as report
 from models import registry
 
@@ -75,6 +75,10 @@ def test_max_batch_table_sets_ours_beside_the_published_rows():
   assert _rows(t, 'transformer_big')['emulated fp16'][8] == '3000'  # the H200 column
   notes = render.cards_notes(data)  # said once, above the 2020 cards' tables
   assert any(n.startswith('† The published') for n in notes)
+  assert (
+    'The published figures were measured in FP32 (yolov3: presumably, the original\'s code is '
+    'unknown), except the figures under conv_seq2seq, which are transformer_big\'s, in FP16.'
+  ) in notes
   assert any('768 MiB' in n for n in notes) and any('"N GB card"' in n for n in notes)
   assert not any('768 MiB' in n or 'swapped' in n for n in t.notes)  # not under each table
   assert '| bert_base | emulated fp32 | 8 |' in t.markdown()
@@ -245,7 +249,7 @@ def _full_memory_run():
   return {
     **_result('bert_base', 'h200', 1176, 623.6256470311966),
     'emulation': None,
-    'workload_revision': 1,
+    'workload_revision': registry.get('bert_base').revision,
     'config': dict(registry.get('bert_base').config),
     'device': {'count': 1, 'kind': 'NVIDIA H200', 'platform': 'gpu', 'pool_bytes': 142606336000},
     'memory': {'limit_bytes': None, 'remat': False},
@@ -363,3 +367,22 @@ def test_a_full_memory_search_on_the_gpu_itself_is_a_measured_source_in_its_colu
   mine = [r for r in rows if r[:2] == ['bert_base', 'measured fp32']]
   assert [r[h200] for r in mine] == ['1176']  # the full pool's search, not the 24 GB cap's
   assert all(r[1] != 'measured fp32 / 2020' for r in rows)  # no 2020 figure on an H200
+
+
+def test_each_published_figure_carries_the_precision_it_was_measured_in():
+  """The swapped rows hold each other's figures: ConvS2S's FP32 under transformer_big,
+  Transformer Big's FP16 under conv_seq2seq; the fit map still sets each workload's 2020
+  precision beside its row (transformer_big fp16)."""
+  rows = published.rows()
+  by_name = {w: {r.precision for r in rows if r.workload == w} for w in published.workloads()}
+  assert by_name['transformer_big'] == {'fp32'} and by_name['conv_seq2seq'] == {'fp16'}
+  assert by_name['bert_base'] == {'fp32'} and by_name['yolov3'] == {'fp32?'}
+  assert {r.figures_of for r in rows if r.workload == 'transformer_big'} == {'conv_seq2seq'}
+  assert {r.figures_of for r in rows if r.workload == 'bert_base'} == {'bert_base'}
+  trained = published.trained_precision()
+  assert trained['transformer_big'] == 'fp16' and trained['conv_seq2seq'] == 'fp32'
+  assert trained['mt_dnn'] == 'fp32' and len(trained) == 12
+  tidy = tables.tidy(tables.collect(FIXTURE), [])
+  pub = {(r['workload'], r['gpu']): r['precision'] for r in tidy if r['kind'] == 'published'}
+  assert pub[('transformer_big', 'titan_rtx')] == 'fp32'
+  assert pub[('conv_seq2seq', 'titan_rtx')] == 'fp16'

@@ -33,7 +33,9 @@ def fake_command(store_path):
   def make(group):
     cmd = sweep.command(group, store_path, ['--steps=2'])
     assert cmd[1:3] == ['-m', 'jaxbench.main']
-    return [sys.executable, FAKE] + cmd[3:]
+    # The workload's revision, which jaxbench records and the fake cannot import in time.
+    revision = registry.get(group[0].workload).revision
+    return [sys.executable, FAKE] + cmd[3:] + [f'--fake_revision={revision}']
 
   return make
 
@@ -152,11 +154,12 @@ def test_a_cell_done_by_an_earlier_revision_of_its_workload_runs_again(tmp_path,
   cells = _cells(gpus=('t4',))[:1]
   _run(path, cells)
   (record,) = store.read(path)[0]
+  revision = registry.get('bert_base').revision
   with open(path, 'w') as f:
-    f.write(json.dumps({**record, 'workload_revision': 1}) + '\n')
+    f.write(json.dumps({**record, 'workload_revision': revision}) + '\n')
   _, lines = _run(path, cells)
-  assert lines[0] == f'sweep: 1 cells, 1 already in {path}, 0 to run'  # bert_base is revision 1
-  changed = dataclasses.replace(registry.get('bert_base'), revision=2)
+  assert lines[0] == f'sweep: 1 cells, 1 already in {path}, 0 to run'
+  changed = dataclasses.replace(registry.get('bert_base'), revision=revision + 1)
   get = registry.get
   monkeypatch.setattr(registry, 'get', lambda name: changed if name == 'bert_base' else get(name))
   _, lines = _run(path, cells)

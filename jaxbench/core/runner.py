@@ -43,6 +43,10 @@ def run(
     log(f'jaxbench: error: --output: cannot write {plan.output}: {e.strerror}')
     return 2
   try:
+    if plan.train is not None:  # training instead of timing: its own loop and record
+      from jaxbench.train import loop  # pylint: disable=g-import-not-at-top
+
+      return loop.run(plan, options, memory, out, log)
     return _run(plan, options, req, memory, target, out, log)
   finally:
     if out is not None:

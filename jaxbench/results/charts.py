@@ -229,8 +229,8 @@ def fit_map(data: tables.Data):
   """Workload x GPU: the 2020 published max batch beside ours (emulated or measured where run,
   else predicted on the GPU, else deviceless; at the published precision), OOM marked."""
   pub = published.lookup()
-  # The published precision ('fp32?' where the article did not say it).
-  precision = {r.workload: r.precision.rstrip('?') for r in published.rows()}
+  # The precision each workload's 2020 run trained in ('fp32?' where the article did not say it).
+  precision = {w: p.rstrip('?') for w, p in published.trained_precision().items()}
   ws = list(data.workloads)
   panels = []
   for title in (

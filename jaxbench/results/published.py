@@ -7,13 +7,15 @@ import importlib.resources
 
 from jaxbench.cards import catalog
 
-# The published transformer_big and conv_seq2seq language rows are swapped (see lambda2020.md).
+# The published transformer_big and conv_seq2seq language rows are swapped (see lambda2020.md):
+# each holds the other's figures, in the precision the other was trained in.
 SWAPPED = ('transformer_big', 'conv_seq2seq')
 SWAP_NOTE = (
   'The published transformer_big and conv_seq2seq rows are swapped: the author\'s own '
-  'result files show the published "Transformer Big" throughput equals ConvS2S at '
+  'result files show the published "Transformer Big" throughput equals ConvS2S (FP32) at '
   'max_tokens 2000, and the published "Conv Seq2Seq" rows equal Transformer Big (FP16) '
-  'at its largest batch. The values stay under their published names here.'
+  'at its largest batch. The values stay under their published names here, so the '
+  'transformer_big row holds FP32 figures and the conv_seq2seq row FP16 ones.'
 )
 SOURCE = (
   'Lambda, "Choosing the best GPU for deep learning in 2020", and the per-model result '
@@ -34,11 +36,18 @@ class Row:
   batch_unit: str
   throughput: float
   throughput_unit: str
-  precision: str
+  precision: str  # what the figures were measured in: for a swapped row, its partner's precision
 
   @property
   def swapped(self) -> bool:
     return self.workload in SWAPPED
+
+  @property
+  def figures_of(self) -> str:
+    """The workload whose 2020 run the figures come from: the other of a swapped pair."""
+    if not self.swapped:
+      return self.workload
+    return SWAPPED[1 - SWAPPED.index(self.workload)]
 
 
 @functools.cache
@@ -76,6 +85,31 @@ def gpus() -> list[str]:
 def lookup() -> dict[tuple[str, str], Row]:
   """(workload, catalog GPU name) -> published row."""
   return {(r.workload, r.gpu): r for r in rows()}
+
+
+def trained_precision() -> dict[str, str]:
+  """Workload -> the precision its 2020 run trained in ('fp32?' where the article did not say):
+  that of the figures measured from it, which for a swapped pair sit under the other's name."""
+  return {r.figures_of: r.precision for r in rows()}
+
+
+def precision_note() -> str:
+  """One line: the precision the published figures were measured in, row by row."""
+  by_row = {r.workload: r for r in rows()}
+  precisions = [r.precision for r in by_row.values()]
+  usual = max(set(precisions), key=precisions.count)
+  unsure = [w for w, r in by_row.items() if r.precision == usual + '?']
+  text = f'The published figures were measured in {usual.upper()}'
+  if unsure:
+    text += f' ({", ".join(unsure)}: presumably, the original\'s code is unknown)'
+  others = [
+    f'the figures under {w}, which are {r.figures_of}\'s, in {r.precision.upper()}'
+    if r.figures_of != w
+    else f'{w}\'s in {r.precision.upper()}'
+    for w, r in by_row.items()
+    if r.precision.rstrip('?') != usual
+  ]
+  return text + (f', except {"; ".join(others)}.' if others else '.')
 
 
 def notes() -> str:

@@ -88,6 +88,7 @@ def cards_notes(data: tables.Data) -> list[str]:
     'overhead, that the catalog does not name. Rows: the published figures, then ours by source '
     '(emulated, predicted, deviceless) and precision, then each of ours over the published one.'
   )
+  notes.append(published.precision_note())
   if any(w in published.SWAPPED for w in data.workloads):
     notes.append(tables.SWAP_MARK.strip() + ' ' + published.SWAP_NOTE)
   return notes

@@ -214,7 +214,7 @@ def conv_out(size, k, stride, pad):
 
 def generator_flops(cfg) -> float:
   """Forward FLOPs of the local-enhancer generator's convolutions on one image."""
-  inp, ngf, h, w = cfg['label_nc'] + 1, cfg['ngf'], cfg['height'], cfg['width']
+  inp, ngf, h, w = cfg['label_nc'] + 1 + cfg['feat_num'], cfg['ngf'], cfg['height'], cfg['width']
   conv = lambda k, cin, cout, ho, wo: 2.0 * k * k * cin * cout * ho * wo
   gh, gw, g = h // 2, w // 2, 2 * ngf
   total = conv(7, inp, g, gh, gw)

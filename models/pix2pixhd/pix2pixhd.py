@@ -1,10 +1,14 @@
 """Pix2PixHD (Wang et al. 2018) at 2048x1024: one step updates the generator and discriminators.
 
-The training iteration of NVIDIA/pix2pixHD (train.py, pix2pixHD_model.py, pool_size 0):
-the generator's loss is LSGAN + discriminator feature matching + VGG19 perceptual loss
-(both weighted 10); the discriminators' loss is LSGAN on real and (detached) fake
-pairs, halved. Both gradients are taken at the same parameters, then Adam steps each
-network, as the reference's two optimizers do.
+The training iteration of NVIDIA/pix2pixHD (train.py, pix2pixHD_model.py, pool_size 0) under
+the 2020 command's `--instance_feat --load_features --niter_fix_global 10`: the generator reads
+the one-hot labels, the instance edge map and 3 precomputed instance-feature channels; the
+discriminators read the labels, the edges and an image. The generator's loss is LSGAN +
+discriminator feature matching + VGG19 perceptual loss (both weighted 10); the discriminators'
+loss is LSGAN on real and (detached) fake pairs, halved. Both gradients are taken at the same
+parameters, then Adam steps each network, as the reference's two optimizers do. For the first
+niter_fix_global epochs, the ones a benchmark times, the generator's Adam holds only the local
+enhancer: the global generator's gradients are computed but never applied.
 """
 
 from typing import Any, NamedTuple
@@ -37,31 +41,38 @@ def build(cfg, dtype=jnp.float32) -> Nets:
 
 
 def _scene(cfg, rng):
-  """One street-like label map, its instance ids and a matching image.
+  """One street-like label map, its instance ids, instance features and a matching image.
 
   A horizon splits two stuff classes; then `shapes` rectangles and ellipses of
   random classes are painted over it, each its own instance (id class*1000 + k,
-  as Cityscapes numbers things). The image colours each class from a fixed
-  palette, with vertical shading and noise, so that labels predict pixels.
+  as Cityscapes numbers things). Each instance has one feature vector in [-1, 1],
+  constant over its pixels, as the precomputed maps of --load_features are. The image
+  colours each class from a fixed palette, with vertical shading and noise, so that
+  labels predict pixels.
   """
   h, w, n_cls, n_shapes = cfg['height'], cfg['width'], cfg['label_nc'], cfg['shapes']
+  n_feat = cfg['feat_num']
   # Two draws in all: every random draw costs XLA a separate (slow, on CPU) compile.
   shape_rng, noise_rng = jax.random.split(rng)
-  u = jax.random.uniform(shape_rng, (3 + 6 * n_shapes,))
+  u = jax.random.uniform(shape_rng, (3 + 6 * n_shapes + n_feat * (n_shapes + 2),))
   ys = (jnp.arange(h, dtype=jnp.float32)[:, None] + 0.5) / h
   xs = (jnp.arange(w, dtype=jnp.float32)[None, :] + 0.5) / w
   horizon = 0.35 + 0.3 * u[0]
   top, bottom = (u[1:3] * n_cls).astype(jnp.int32)
   label = jnp.where(ys < horizon, top, bottom) * jnp.ones((1, w), jnp.int32)
   instance = label
-  per_shape = u[3:].reshape(6, n_shapes)
+  features = 2.0 * u[3 + 6 * n_shapes :].reshape(n_shapes + 2, n_feat) - 1.0
+  # One stuff class above and below the horizon is one instance, with one feature.
+  below = jnp.where(top == bottom, features[0], features[1])
+  feature = jnp.where((ys < horizon)[..., None], features[0], below) * jnp.ones((1, w, 1))
+  per_shape = u[3 : 3 + 6 * n_shapes].reshape(6, n_shapes)
   centres = per_shape[0:2].T
   radii = 0.02 + 0.18 * per_shape[2:4].T
   classes = (per_shape[4] * n_cls).astype(jnp.int32)
   ellipse = per_shape[5] < 0.5
 
   def paint(k, maps):
-    label, instance = maps
+    label, instance, feature = maps
     dy = (ys - centres[k, 0]) / radii[k, 0]
     dx = (xs - centres[k, 1]) / radii[k, 1]
     inside = jnp.where(
@@ -70,22 +81,24 @@ def _scene(cfg, rng):
     return (
       jnp.where(inside, classes[k], label),
       jnp.where(inside, classes[k] * 1000 + k + 1, instance),
+      jnp.where(inside[..., None], features[k + 2], feature),
     )
 
-  label, instance = jax.lax.fori_loop(0, n_shapes, paint, (label, instance))
+  label, instance, feature = jax.lax.fori_loop(0, n_shapes, paint, (label, instance, feature))
   # A fixed colour per class, by formula: a literal random key would be constant-folded.
   palette = 0.8 * jnp.sin(
     jnp.arange(n_cls, dtype=jnp.float32)[:, None] * jnp.array([1.0, 2.39, 3.77]) + 1.0
   )
   image = palette[label] + 0.2 * (ys[..., None] - 0.5)
   image = image + 0.05 * jax.random.normal(noise_rng, (h, w, 3))
-  return label, instance, jnp.clip(image, -1.0, 1.0)
+  return label, instance, feature, jnp.clip(image, -1.0, 1.0)
 
 
 def make_batch(cfg, rng, n):
-  """n label maps (int32 class ids), instance ids and real images in [-1, 1], NHWC."""
-  label, instance, image = jax.vmap(lambda r: _scene(cfg, r))(jax.random.split(rng, n))
-  return {'label': label, 'instance': instance, 'image': image}
+  """n label maps (int32 class ids), instance ids, instance feature maps and real images in
+  [-1, 1], NHWC."""
+  label, instance, feature, image = jax.vmap(lambda r: _scene(cfg, r))(jax.random.split(rng, n))
+  return {'label': label, 'instance': instance, 'feature': feature, 'image': image}
 
 
 def instance_edges(instance_BxHxW):
@@ -102,10 +115,13 @@ def instance_edges(instance_BxHxW):
 
 
 def encode_input(cfg, batch, dtype):
-  """The generator's input, built in the step as the reference does: one-hot labels + edges."""
+  """(the generator's input, the discriminators' condition), built in the step as the reference
+  does: one-hot labels + instance edges, and for the generator the instance features after them
+  (label_nc + 1 + feat_num channels; the discriminators see label_nc + 1 and the image)."""
   one_hot = jax.nn.one_hot(batch['label'], cfg['label_nc'], dtype=dtype)
   edges = instance_edges(batch['instance']).astype(dtype)[..., None]
-  return jnp.concatenate([one_hot, edges], axis=-1)
+  condition = jnp.concatenate([one_hot, edges], axis=-1)
+  return jnp.concatenate([condition, batch['feature'].astype(dtype)], axis=-1), condition
 
 
 # -------------------------------------------------------------------------- losses
@@ -136,9 +152,9 @@ def losses(nets: Nets, cfg, params, vgg_params, batch):
   """
   dtype = nets.generator.dtype
   sg = jax.lax.stop_gradient
-  condition = encode_input(cfg, batch, dtype)
+  generator_input, condition = encode_input(cfg, batch, dtype)
   real = batch['image'].astype(dtype)
-  fake = nets.generator.apply({'params': params['generator']}, condition)
+  fake = nets.generator.apply({'params': params['generator']}, generator_input)
 
   def discriminate(d_params, image):
     pair = jnp.concatenate([condition, image.astype(dtype)], axis=-1)
@@ -174,13 +190,35 @@ class GANState:
 
   step: jax.Array
   params: Any  # {'generator': ..., 'discriminator': ...}
-  opt_state: Any  # the same two keys
+  opt_state: Any  # the same two keys, over the parameters each optimizer holds (`held`)
   vgg_params: Any
   loss_scale: Any  # flax DynamicScale under fp16, else None
+  # While the global generator is fixed: its gradients, summed over the steps. PyTorch computes
+  # them (requires_grad stays set) into .grad, which no optimizer zeroes; kept here, they are
+  # computed as there, where an unused gradient would be left out of the program. Else None.
+  global_grads: Any
 
 
 def optimizer(cfg):
   return optax.adam(cfg['lr'], b1=cfg['beta1'], b2=0.999)
+
+
+GLOBAL = 'global'  # the global generator's parameters inside the generator's
+
+
+def fixes_global(cfg):
+  """Whether the timed steps hold the global generator fixed: they are the first of training,
+  inside the niter_fix_global epochs whenever there are any."""
+  return cfg['niter_fix_global'] > 0
+
+
+def held(cfg, net, params):
+  """The parameters of `net` that its Adam holds: while the global generator is fixed, the
+  generator's local enhancer alone (pix2pixHD's optimizer_G takes the parameters named model1_*,
+  leaving the global generator's `model`); else all of them."""
+  if net == 'generator' and fixes_global(cfg):
+    return {k: v for k, v in params.items() if k != GLOBAL}
+  return params
 
 
 def _normal_tree(rng, shapes, kernel_std):
@@ -207,13 +245,13 @@ def param_shapes(nets: Nets, cfg):
   """({'generator', 'discriminator'}, vgg) parameter shapes, without computing anything."""
   side = 2 ** (cfg['n_downsample_global'] + 3)  # convolution shapes ignore the image size
   h, w = min(cfg['height'], side), min(cfg['width'], side)
-  in_ch, key = cfg['label_nc'] + 1, jax.random.key(0)
+  in_ch, key = cfg['label_nc'] + 1, jax.random.key(0)  # the labels and the edge map
   shapes = lambda module, ch: jax.eval_shape(
     module.init, key, jax.ShapeDtypeStruct((1, h, w, ch), jnp.float32)
   )['params']
   return (
     {
-      'generator': shapes(nets.generator, in_ch),
+      'generator': shapes(nets.generator, in_ch + cfg['feat_num']),
       'discriminator': shapes(nets.discriminator, in_ch + cfg['output_nc']),
     },
     shapes(nets.vgg, 3),
@@ -237,12 +275,14 @@ def trainer(cfg, policy) -> wl.Trainer:
 
   def init(rng):
     params, vgg_params = init_params(nets, cfg, rng)
+    frozen = params['generator'][GLOBAL]
     return GANState(
       step=jnp.zeros((), jnp.int32),
       params=params,
-      opt_state={k: tx.init(params[k]) for k in NETWORKS},
+      opt_state={k: tx.init(held(cfg, k, params[k])) for k in NETWORKS},
       vgg_params=vgg_params,
       loss_scale=policy.initial_scale(),
+      global_grads=jax.tree.map(jnp.zeros_like, frozen) if fixes_global(cfg) else None,
     )
 
   def step(state, batch, rng):
@@ -257,14 +297,23 @@ def trainer(cfg, policy) -> wl.Trainer:
       )(state.params)
     params, opt_state = {}, {}
     for k in NETWORKS:
-      updates, opt_state[k] = tx.update(grads[k], state.opt_state[k], state.params[k])
-      params[k] = optax.apply_updates(state.params[k], updates)
+      mine = held(cfg, k, state.params[k])
+      updates, opt_state[k] = tx.update(held(cfg, k, grads[k]), state.opt_state[k], mine)
+      params[k] = {**state.params[k], **optax.apply_updates(mine, updates)}
+    global_grads = state.global_grads
+    if global_grads is not None:
+      global_grads = jax.tree.map(jnp.add, global_grads, grads['generator'][GLOBAL])
     if finite is not None:
       # A step whose scaled gradients overflowed changes nothing but the scale.
       keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
       params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+      global_grads = keep(global_grads, state.global_grads)
     new_state = state.replace(
-      step=state.step + 1, params=params, opt_state=opt_state, loss_scale=loss_scale
+      step=state.step + 1,
+      params=params,
+      opt_state=opt_state,
+      loss_scale=loss_scale,
+      global_grads=global_grads,
     )
     return new_state, {'loss': value, **metrics}
 
@@ -311,6 +360,11 @@ PIX2PIXHD = wl.Workload(
     height=1024,
     width=2048,
     label_nc=35,
+    # --instance_feat --load_features: 3 precomputed instance-feature channels (feat_num).
+    feat_num=3,
+    # --niter_fix_global 10: for the first 10 epochs, where the timed steps fall, the generator's
+    # Adam holds only the local enhancer; 0: every parameter, as after them.
+    niter_fix_global=10,
     output_nc=3,
     # netG=local: the global generator runs at ngf*2 = 64 on the half-size input.
     ngf=32,
@@ -342,7 +396,13 @@ PIX2PIXHD = wl.Workload(
     shapes=6,
     lr=1e-3,
   ),
-  spec=dict(output_nc=wl.Key(choices=(3,)), beta1=wl.FRACTION),  # VGG's loss sees RGB
+  # VGG's loss sees RGB; feat_num 0 runs without instance features.
+  spec=dict(
+    output_nc=wl.Key(choices=(3,)),
+    beta1=wl.FRACTION,
+    feat_num=wl.NATURAL,
+    niter_fix_global=wl.NATURAL,
+  ),
   check=check,
   trainer=trainer,
   flops_per_example=flops_per_example,
@@ -350,6 +410,7 @@ PIX2PIXHD = wl.Workload(
   family='image',
   adversarial=True,
   # 2: the generator upsamples with 2x2 convolutions to the four output phases (revision 1 ran
-  # transposed convolutions).
-  revision=2,
+  # transposed convolutions). 3: the generator reads 3 instance-feature channels, and Adam holds
+  # only its local enhancer (2 read 36 channels and held every parameter).
+  revision=3,
 )

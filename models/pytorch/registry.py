@@ -1,6 +1,17 @@
 """The PyTorch peers by workload name: explicit imports and one dict that refuses duplicates."""
 
-from models.pytorch import mask_rcnn, nasnet, stylegan, transformer, unsupmt
+from models.pytorch import (
+  bert,
+  conv_seq2seq,
+  deeplab,
+  mask_rcnn,
+  mt_dnn,
+  nasnet,
+  stylegan,
+  transformer,
+  unsupmt,
+  yolo,
+)
 from models.pytorch import peer as peer_lib
 
 _PEERS: dict[str, peer_lib.Peer] = {}
@@ -27,8 +38,14 @@ def get(name: str) -> peer_lib.Peer:
     ) from None
 
 
+# In the order of models/registry.py.
 _register(transformer.TRANSFORMER_BIG)
-_register(nasnet.NASNET_LARGE)
-_register(mask_rcnn.MASK_RCNN)
+_register(conv_seq2seq.CONV_SEQ2SEQ)
+_register(bert.BERT_BASE, bert.BERT_SQUAD)
+_register(mt_dnn.MT_DNN)
 _register(unsupmt.UNSUPMT)
+_register(deeplab.DEEPLABV3)
+_register(yolo.YOLOV3)
+_register(nasnet.NASNET_LARGE)
 _register(stylegan.STYLEGAN)
+_register(mask_rcnn.MASK_RCNN)

@@ -117,7 +117,7 @@ def check(cfg):
 
 STYLEGAN = wl.Workload(
   name='stylegan',
-  description='StyleGAN v1 config F at 1024x1024: D step with R1, G step, EMA of G',
+  description='StyleGAN v1 config F at 1024x1024: D step with R1 and EMA of G, then G step',
   unit='images',
   throughput_unit='images/s',
   config=STYLEGAN_CONFIG,
@@ -128,8 +128,9 @@ STYLEGAN = wl.Workload(
   family='image',
   adversarial=True,
   # 2: the fused resampling convolutions compute over pixel phases (revision 1 ran them as
-  # transposed and strided 4x4 convolutions, with the blur through cuDNN).
-  revision=2,
+  # transposed and strided 4x4 convolutions, with the blur through cuDNN). 3: Gs averages G
+  # before G's update, with the D step (2 averaged the updated G).
+  revision=3,
   spec=dict(
     resolution=wl.Key(lo=8),
     mapping_layers=wl.NATURAL,

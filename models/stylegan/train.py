@@ -148,7 +148,11 @@ def g_step(nets, tx, state, n, rng):
 
 
 def trainer(cfg, policy):
-  """The custom GAN trainer: each step updates D, then G, then Gs (the EMA)."""
+  """The custom GAN trainer: each step updates D and Gs (the EMA of G as it stands), then G.
+
+  The reference runs Gs_update_op with D_train_op, before G_train_op: the average reads G
+  before that iteration's G update.
+  """
   nets = Nets(cfg, policy.compute_dtype)
   tx = adam(cfg)
 
@@ -176,11 +180,11 @@ def trainer(cfg, policy):
     reals = batch['images']
     n = reals.shape[0]
     state, d_loss, d_aux = d_step(nets, tx, state, reals, d_rng)
-    state, g_loss, g_aux = g_step(nets, tx, state, n, g_rng)
     beta = ema_beta(cfg, n)
     ema = jax.tree.map(
       lambda avg, p: beta * avg + (1.0 - beta) * p, state.ema, state.params['generator']
     )
+    state, g_loss, g_aux = g_step(nets, tx, state, n, g_rng)
     # The reference updates dlatent_avg every time G runs in training: here twice a step.
     w_avg = state.w_avg
     for w_mean in (d_aux['w_mean'], g_aux['w_mean']):

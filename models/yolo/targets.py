@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import optax
 from jax.scipy.special import xlogy
 
-IGNORE_THRESH = 0.5  # yolov3.cfg: predictions overlapping a truth this much are not negatives
+# yolov3.cfg's ignore_thresh: predictions overlapping a truth by more are not negatives.
+IGNORE_THRESH = 0.7
 
 
 def wh_iou(wh_Nx2, anchors_Ax2):
@@ -114,7 +115,7 @@ def yolo_loss(outputs, boxes_BxMx4, classes_BxM, valid_BxM, anchors_Ax2, masks):
   (yolo_layer.c): box centres (2 - w*h) * (sigmoid(t) - target) (a BCE on the
   in-cell offset), box sizes (2 - w*h) * (t - log(w / anchor)) (half squared
   error), objectness and classes BCE; predictions that are not a box's best
-  anchor but overlap a truth by > 0.5 are not pushed towards 'no object'.
+  anchor but overlap a truth by > IGNORE_THRESH are not pushed towards 'no object'.
   """
   grids = [raw.shape[1] for raw in outputs]
   targets = build_targets(boxes_BxMx4, classes_BxM, valid_BxM, anchors_Ax2, grids, masks)

@@ -246,4 +246,5 @@ YOLOV3 = wl.Workload(
   trainer=wl.supervised(lambda cfg, dtype: YOLOv3(cfg, dtype), make_batch, loss, optimizer),
   flops_per_example=flops_per_example,
   family='image',
+  revision=2,
 )

@@ -1,5 +1,6 @@
 """BERT SQuAD: the reference's parameter count, its span loss and its synthetic spans."""
 
+import flax.linen as nn
 import jax
 import numpy as np
 
@@ -58,3 +59,28 @@ def test_squad_spans_lie_in_the_context():
   assert batch['tokens'].shape == (64, 384)
   assert (segments[np.arange(64), start] == 1).all()  # answers start in the context
   assert (start <= end).all() and (end < 384 - 1).all() and (end - start < 30).all()
+
+
+def _attention_modules(model, batch):
+  """(broadcast_dropout, dropout_rate) of every attention layer a training step runs."""
+  seen = []
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, nn.MultiHeadDotProductAttention) and context.method_name == (
+      '__call__'
+    ):
+      seen.append((context.module.broadcast_dropout, context.module.dropout_rate))
+    return next_fun(*args, **kwargs)
+
+  params = model.init(jax.random.key(0), batch, train=False)
+  with nn.intercept_methods(record):
+    model.apply(params, batch, train=True, rngs={'dropout': jax.random.key(1)})
+  return seen
+
+
+def test_encoder_drops_attention_probabilities_per_sequence_and_head():
+  """As BERT's dropout on [B, N, F, T] (tests/models/test_attention.py tests the masks)."""
+  cfg = bert.BERT_BASE.resolve(tiny=True)
+  batch = bert.make_batch(cfg, jax.random.key(2), 2)
+  seen = _attention_modules(bert.BertPretraining(cfg), batch)
+  assert seen == [(False, cfg['dropout'])] * cfg['layers']

@@ -1,5 +1,6 @@
 """MT-DNN: the reference's parameter count, the task cycle, the SAN and STS-B heads, Adamax."""
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -114,3 +115,28 @@ def test_adamax_matches_mt_dnn_update():
     u = np.maximum(0.999 * u, np.abs(g) + 1e-6)
     p = p - 0.1 * factor * (m / (u + 1e-6) + 0.01 * p)
     np.testing.assert_allclose(np.asarray(params['w']), p, rtol=1e-5)
+
+
+def test_encoder_drops_attention_probabilities_per_sequence_and_head():
+  """MT-DNN's BERT drops [B, N, L, L] attention probabilities (test_attention.py tests masks)."""
+  cfg, _ = _tiny()
+  model = mt_dnn.MtDnn(cfg)
+  batch = mt_dnn.make_batch(cfg, jax.random.key(1), 2)['mnli']
+  seen = []
+
+  def record(next_fun, args, kwargs, context):
+    if isinstance(context.module, nn.MultiHeadDotProductAttention):
+      seen.append((context.module.broadcast_dropout, context.module.dropout_rate))
+    return next_fun(*args, **kwargs)
+
+  params = model.init(jax.random.key(0), batch, train=False)
+  with nn.intercept_methods(record):
+    model.apply(
+      params,
+      batch['tokens'],
+      batch['segments'],
+      True,
+      method=mt_dnn.MtDnn.encode,
+      rngs={'dropout': jax.random.key(2)},
+    )
+  assert seen == [(False, cfg['dropout'])] * cfg['layers']

@@ -16,10 +16,27 @@ from models.pix2pixhd import pix2pixhd, vgg
 
 W = pix2pixhd.PIX2PIXHD
 TINY = W.resolve(tiny=True)
-# Hand count from NVIDIA/pix2pixHD networks.py (Conv2d/ConvTranspose2d with bias, instance
-# norm without affine): LocalEnhancer(36 -> 3, ngf 32, 4 down, 9 + 3 blocks) and three
-# NLayerDiscriminators(39 channels, ndf 64, 3 layers, 2,801,601 each).
-REFERENCE_G, REFERENCE_D = 182_857_059, 8_404_803
+
+
+def _reference_generator(inputs=39, ngf=32, n_down=4, n_global=9, n_local=3, output_nc=3):
+  """(global, local enhancer) parameters of NVIDIA/pix2pixHD's LocalEnhancer, from its layer
+  shapes (Conv2d and ConvTranspose2d with bias, instance norm without affine): `inputs` is 35
+  labels + the edge map + 3 instance features (--instance_feat --load_features)."""
+  conv = lambda k, cin, cout: k * k * cin * cout + cout
+  g = 2 * ngf  # the global generator's width; its last convolution is dropped by netG=local
+  glob = conv(7, inputs, g)
+  glob += sum(conv(3, g * 2**i, g * 2 ** (i + 1)) for i in range(n_down))
+  glob += n_global * 2 * conv(3, g * 2**n_down, g * 2**n_down)
+  glob += sum(conv(3, g * 2 ** (n_down - i), g * 2 ** (n_down - i - 1)) for i in range(n_down))
+  local = conv(7, inputs, ngf) + conv(3, ngf, 2 * ngf)  # model1_1
+  local += n_local * 2 * conv(3, 2 * ngf, 2 * ngf) + conv(3, 2 * ngf, ngf)  # model1_2
+  local += conv(7, ngf, output_nc)
+  return glob, local
+
+
+# Three NLayerDiscriminators(39 channels: labels, edges and the image; ndf 64, 3 layers,
+# 2,801,601 each): the discriminators do not see the instance features.
+REFERENCE_G, REFERENCE_D = 182_871_171, 8_404_803
 
 
 def _trainer(cfg=TINY, policy='fp32'):
@@ -44,9 +61,22 @@ def test_param_counts_at_full_size():
   trainer = _trainer(W.config)
   shapes = jax.eval_shape(trainer.init, jax.random.key(0))
   counts = wl.param_counts(trainer, shapes)
+  glob, local = _reference_generator()
+  assert glob + local == REFERENCE_G
+  assert sum(_reference_generator(inputs=36)) == 182_857_059  # without the instance features
   assert (counts['generator'], counts['discriminator']) == (REFERENCE_G, REFERENCE_D)
   assert counts['total'] == counts['generator'] + counts['discriminator']  # VGG is not trained
   assert wl.count_params(shapes.vgg_params) > 12_000_000  # VGG19 up to conv5_1
+  generator = shapes.params['generator']
+  assert generator['global']['stem']['kernel'].shape == (7, 7, 39, 64)
+  assert generator['local_stem']['kernel'].shape == (7, 7, 39, 32)
+  assert shapes.params['discriminator']['scale_0']['Conv_0']['kernel'].shape[2] == 39
+  # --niter_fix_global: the generator's Adam holds the local enhancer alone, and the global
+  # generator's gradients have a buffer of their own, as PyTorch's .grad.
+  assert wl.count_params(generator['global']) == glob
+  assert wl.count_params(shapes.opt_state['generator']) == 2 * local + 1  # mu, nu and a count
+  assert wl.count_params(shapes.opt_state['discriminator']) == 2 * REFERENCE_D + 1
+  assert wl.count_params(shapes.global_grads) == glob
 
 
 @pytest.mark.slow
@@ -56,9 +86,14 @@ def test_one_step_updates_both_networks(tiny):
   for name in ('loss', 'g_loss', 'd_loss'):
     assert np.isfinite(float(metrics[name])), metrics
   np.testing.assert_allclose(metrics['loss'], metrics['g_loss'] + metrics['d_loss'], rtol=1e-6)
-  for net in pix2pixhd.NETWORKS:
-    moved = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), new.params[net], state.params[net])
-    assert all(jax.tree.leaves(moved)), net
+  moved = lambda a, b: jax.tree.map(lambda x, y: bool(jnp.any(x != y)), a, b)
+  local = lambda p: {k: v for k, v in p.items() if k != 'global'}
+  assert all(jax.tree.leaves(moved(new.params['discriminator'], state.params['discriminator'])))
+  generator, old = new.params['generator'], state.params['generator']
+  assert all(jax.tree.leaves(moved(local(generator), local(old))))
+  # The global generator stays (--niter_fix_global), its gradients computed into their buffer.
+  assert not any(jax.tree.leaves(moved(generator['global'], old['global'])))
+  assert all(jax.tree.leaves(moved(new.global_grads, state.global_grads)))
   same = jax.tree.map(lambda a, b: bool(jnp.all(a == b)), new.vgg_params, state.vgg_params)
   assert all(jax.tree.leaves(same))
   assert int(new.step) == 1
@@ -131,6 +166,12 @@ def test_batch_is_a_plausible_label_map():
   assert np.all(instance // 1000 == np.where(instance >= 1000, label, 0))
   image = np.asarray(batch['image'])
   assert image.min() >= -1.0 and image.max() <= 1.0
+  # Precomputed instance features: one vector in [-1, 1] per instance, constant over it.
+  feature = np.asarray(batch['feature'])
+  assert feature.shape == label.shape + (3,) and feature.min() >= -1.0 and feature.max() <= 1.0
+  for i in np.unique(instance[0]):
+    assert len(np.unique(feature[0][instance[0] == i], axis=0)) == 1
+  assert len(np.unique(feature[0].reshape(-1, 3), axis=0)) >= 3
 
 
 def test_downsample_divides_by_the_taps_inside():

@@ -5,6 +5,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from models import precision
 from models import workload as wl
@@ -118,8 +119,20 @@ def test_overlapping_predictions_are_not_negatives():
   ignore = mask(raw, anchors, truth, jnp.asarray([[True]]))
   assert ignore[0, 7, 4, 1] == 1.0
   assert ignore[0, 0, 0, 1] == 0.0
-  assert ignore[0, 7, 4, 0] == 0.0  # the smaller anchor overlaps it by less than 0.5
+  assert ignore[0, 7, 4, 0] == 0.0  # the smaller anchor overlaps it by less than 0.7
   assert mask(raw, anchors, truth, jnp.asarray([[False]])).sum() == 0
+
+
+@pytest.mark.parametrize('iou, ignored', [(0.65, 0.0), (0.75, 1.0)])
+def test_predictions_are_ignored_above_yolov3_cfgs_threshold(iou, ignored):
+  """yolov3.cfg's ignore_thresh = .7: a prediction overlapping a truth by 0.65 is a negative."""
+  anchors = yolo.anchors(CFG)[jnp.asarray(yolo.ANCHOR_MASKS[0])]
+  raw = jnp.zeros((1, 19, 19, 3, 85))
+  # The prediction of cell (x 4, y 7), anchor 1 and a truth of the same centre and height,
+  # narrower by the factor `iou`: their IoU is `iou`.
+  truth = jnp.asarray([[[4.5 / 19, 7.5 / 19, anchors[1, 0] * iou, anchors[1, 1]]]])
+  ignore = jax.jit(yolo_targets.ignore_mask)(raw, anchors, truth, jnp.asarray([[True]]))
+  assert ignore[0, 7, 4, 1] == ignored
 
 
 def test_box_size_gradient_is_darknets_delta():

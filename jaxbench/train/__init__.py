@@ -1,0 +1,1 @@
+"""Training a workload for a number of steps, resumable from Orbax checkpoints."""
