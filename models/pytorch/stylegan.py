@@ -5,10 +5,10 @@ As models/stylegan/ (NVlabs/stylegan's G_style, G_mapping, G_synthesis and D_bas
 AdaIN (instance norm then a style's scale and bias) after every synthesis convolution, the
 [1, 2, 1] blur after each upsampling and before each downsampling, equalized learning rate
 (weights N(0, 1) scaled at run time by gain / sqrt(fan_in)), and the minibatch-stddev
-discriminator. One iteration is a D update (logistic loss with R1 on the reals) then a G update
-(non-saturating), each with its own Adam (0, 0.99, 1e-8); after both, Gs, the generator's moving
-average. The resampling convolutions from fused_min_res up are the original's: a transposed or
-a strided convolution of the 4x4 kernel that sums the 3x3 kernel's four shifts.
+discriminator. One iteration is a D update (logistic loss with R1 on the reals), Gs (the
+generator's moving average), then a G update (non-saturating); D and G each have their own Adam
+(0, 0.99, 1e-8). The resampling convolutions from fused_min_res up are the original's: a
+transposed or a strided convolution of the 4x4 kernel that sums the 3x3 kernel's four shifts.
 """
 
 import copy
@@ -299,7 +299,8 @@ def g_loss(generator, discriminator, n, device):
 class MovingAverage:
   """Gs, the reference's moving average of G (sampled from, not trained): each call moves it
   1 - beta of the way to G, beta a half-life of ema_kimg thousand images at the last batch's
-  size (`images_per_step`, set by the D update)."""
+  size (`images_per_step`, set by the D update). It runs after D's optimizer step, before G's
+  update, as the reference runs Gs_update_op with D_train_op."""
 
   def __init__(self, generator: Generator, cfg: peer_lib.Config):
     self.average = copy.deepcopy(generator).requires_grad_(False).eval()
@@ -307,18 +308,22 @@ class MovingAverage:
     self._average_params = list(self.average.parameters())
     self.cfg, self.images_per_step = cfg, None
 
-  def __call__(self):
+  @torch.no_grad()
+  def __call__(self, *_):
     beta = jax_train.ema_beta(self.cfg, self.images_per_step)
     torch._foreach_lerp_(self._average_params, self._params, 1.0 - beta)
 
 
-def build(cfg: peer_lib.Config, device: torch.device) -> peer_lib.Setup:
+def build_with_average(cfg: peer_lib.Config, device: torch.device):
+  """(the Setup, Gs): build's, with Gs, which the D optimizer steps and nothing else reaches."""
   with torch.device(device):
     generator, discriminator = Generator(cfg), Discriminator(cfg)
   generator.train()
   discriminator.train()
   generator_ema = MovingAverage(generator, cfg)
   adam = lambda m: torch.optim.Adam(m.parameters(), lr=cfg['lr'], betas=(0.0, 0.99), eps=1e-8)
+  d_optimizer = adam(discriminator)
+  d_optimizer.register_step_post_hook(generator_ema)
 
   def discriminator_loss(batch, step):
     del step
@@ -331,14 +336,18 @@ def build(cfg: peer_lib.Config, device: torch.device) -> peer_lib.Setup:
     reals = batch['images']
     return g_loss(generator, discriminator, reals.shape[0], reals.device)
 
-  return peer_lib.Setup(
+  setup = peer_lib.Setup(
     modules={'generator': generator, 'discriminator': discriminator},
     updates=[
-      peer_lib.Update(discriminator_loss, adam(discriminator)),
+      peer_lib.Update(discriminator_loss, d_optimizer),
       peer_lib.Update(generator_loss, adam(generator)),
     ],
-    after_step=generator_ema,
   )
+  return setup, generator_ema
+
+
+def build(cfg: peer_lib.Config, device: torch.device) -> peer_lib.Setup:
+  return build_with_average(cfg, device)[0]
 
 
 def smooth_images(coarse_Nx3x4x4, grain_Nx3xRxR):

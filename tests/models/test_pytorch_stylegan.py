@@ -121,27 +121,41 @@ def _setup_and_batch(seed=0):
   return setup, batch
 
 
-def test_one_iteration_updates_both_networks_then_gs_and_w_avg():
+def test_one_iteration_updates_both_networks_and_w_avg():
   setup, batch = _setup_and_batch()
   assert [u.optimizer.param_groups[0]['betas'] for u in setup.updates] == [(0.0, 0.99)] * 2
-  generator, discriminator = setup.modules['generator'], setup.modules['discriminator']
   before = {k: [p.detach().clone() for p in m.parameters()] for k, m in setup.modules.items()}
-  ema_params = list(setup.after_step.average.parameters())
-  assert not any(p.requires_grad for p in ema_params)
-  assert all(torch.equal(a, b) for a, b in zip(ema_params, generator.parameters()))
   loss = peer_lib.run_updates(setup, batch, 0)
   assert np.isfinite(loss.item())
-  for name, module in (('generator', generator), ('discriminator', discriminator)):
+  for name, module in setup.modules.items():
     moved = [not torch.equal(a, b) for a, b in zip(before[name], module.parameters())]
     assert any(moved), name
-  # Gs moved a 1 - beta part of the way from G's old weights to its new ones (the mapping's
-  # weights are N(0, 100^2): float32 rounding is relative).
-  beta = jax_train.ema_beta(CFG, 2)
-  for old, new, avg in zip(before['generator'], generator.parameters(), ema_params):
-    np.testing.assert_allclose(
-      avg.numpy(), (beta * old + (1 - beta) * new).detach().numpy(), rtol=1e-6, atol=1e-6
-    )
-  assert generator.w_avg.abs().sum() > 0  # tracked from both G runs
+  assert setup.modules['generator'].w_avg.abs().sum() > 0  # tracked from both G runs
+
+
+def test_gs_averages_the_generator_before_its_update():
+  """As the JAX workload (the reference's Gs_update_op runs with D_train_op, before
+  G_train_op). A half-life of one step (beta 0.5) makes the order show."""
+  assert 0.99 < jax_train.ema_beta(CFG, 2) < 1.0
+  cfg = dict(CFG, ema_kimg=0.002)
+  assert jax_train.ema_beta(cfg, 2) == 0.5
+  torch.manual_seed(0)
+  setup, gs = stylegan.build_with_average(cfg, CPU)
+  batch = stylegan.make_batch(cfg, 2, torch.Generator().manual_seed(1), CPU)
+  assert not any(p.requires_grad for p in gs.average.parameters())
+  snapshot = lambda m: [p.detach().clone() for p in m.parameters()]
+  g0 = snapshot(setup.modules['generator'])
+  peer_lib.run_updates(setup, batch, 0)
+  g1, gs1 = snapshot(setup.modules['generator']), snapshot(gs.average)
+  assert max((a - b).abs().max().item() for a, b in zip(g1, g0)) > 1e-4  # G moved
+  # Relative: the mapping's weights are stored at scale 1/lrmul = 100.
+  close = lambda got, want: [
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+    for a, b in zip(got, want)
+  ]
+  close(gs1, g0)  # Gs started equal to G and averaged G before its first update
+  peer_lib.run_updates(setup, batch, 1)
+  close(snapshot(gs.average), [0.5 * a + 0.5 * g for a, g in zip(gs1, g1)])
 
 
 def _learns(update_index, seed):
