@@ -7,6 +7,7 @@ from models.pytorch import (
   mask_rcnn,
   mt_dnn,
   nasnet,
+  pix2pixhd,
   stylegan,
   transformer,
   unsupmt,
@@ -48,4 +49,5 @@ _register(deeplab.DEEPLABV3)
 _register(yolo.YOLOV3)
 _register(nasnet.NASNET_LARGE)
 _register(stylegan.STYLEGAN)
+_register(pix2pixhd.PIX2PIXHD)
 _register(mask_rcnn.MASK_RCNN)
