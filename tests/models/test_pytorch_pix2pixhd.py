@@ -163,3 +163,57 @@ def test_vgg_loss_zero_for_identical_images():
   image = _batch()['image']
   assert pix2pixhd.perceptual_loss(vgg, image, image).item() == 0.0
   assert pix2pixhd.perceptual_loss(vgg, image, -image).item() > 0.0
+
+
+def _torch_state_from_jax(params):
+  """The JAX workload's generator and discriminator parameters under the peer's names."""
+  state = {}
+  for path, value in jax.tree_util.tree_flatten_with_path(params)[0]:
+    net, *keys, leaf = [k.key for k in path]
+    value, names = np.asarray(value), [net]
+    transpose = any(k.startswith('up_') or k == 'local_up' for k in keys)
+    for k in keys:
+      head, _, index = k.rpartition('_')
+      if k == 'global':
+        names.append('global_trunk')
+      elif head in ('down', 'up', 'local_block', 'block'):
+        names += [{'block': 'blocks', 'local_block': 'local_blocks'}.get(head, head), index]
+      elif head == 'Conv' and net == 'generator':
+        names.append(f'conv{int(index) + 1}')
+      elif head == 'Conv':
+        names += ['layers', index]
+      elif head == 'scale':
+        names += ['scales', index]
+      else:
+        names.append(k)
+    if leaf == 'kernel':
+      # A convolution's HWIO kernel is OIHW here; a transposed one's is flipped, IOHW.
+      value = value[::-1, ::-1].transpose(2, 3, 0, 1) if transpose else value.transpose(3, 2, 0, 1)
+      leaf = 'weight'
+    state['.'.join(names + [leaf])] = torch.from_numpy(value.copy())
+  return state
+
+
+def test_networks_compute_the_jax_networks_with_their_weights():
+  trainer = registry.get(NAME).trainer(CFG, precision.get('fp32'))
+  params = jax.jit(trainer.init)(jax.random.key(0)).params
+  draw = np.random.default_rng(0).standard_normal
+  params = jax.tree.map(lambda p: np.asarray(p) + 0.05 * draw(p.shape).astype(np.float32), params)
+  setup = pix2pixhd.build(CFG, CPU)
+  modules = torch.nn.ModuleDict(setup.modules)
+  modules.load_state_dict(_torch_state_from_jax(params), strict=True)
+  batch = _batch()
+  generator_input, condition = pix2pixhd.encode_input(CFG, batch)
+  nhwc = lambda t: np.asarray(t.detach().numpy()).transpose(0, 2, 3, 1)
+  nets = jax_pix2pixhd.build(CFG)
+  with torch.no_grad():
+    fake = modules['generator'](generator_input)
+  want = nets.generator.apply({'params': params['generator']}, nhwc(generator_input))
+  np.testing.assert_allclose(nhwc(fake), np.asarray(want), rtol=1e-5, atol=1e-5)
+  pair = torch.cat([condition, batch['image']], dim=1)
+  with torch.no_grad():
+    got = modules['discriminator'](pair)
+  want = nets.discriminator.apply({'params': params['discriminator']}, nhwc(pair))
+  for got_scale, want_scale in zip(got, want, strict=True):
+    for a, b in zip(got_scale, want_scale, strict=True):
+      np.testing.assert_allclose(nhwc(a), np.asarray(b), rtol=1e-5, atol=1e-5)
