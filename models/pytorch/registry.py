@@ -7,7 +7,10 @@ from models.pytorch import (
   mask_rcnn,
   mt_dnn,
   nasnet,
+  pix2pixhd,
+  stylegan,
   transformer,
+  unsupmt,
   yolo,
 )
 from models.pytorch import peer as peer_lib
@@ -41,7 +44,10 @@ _register(transformer.TRANSFORMER_BIG)
 _register(conv_seq2seq.CONV_SEQ2SEQ)
 _register(bert.BERT_BASE, bert.BERT_SQUAD)
 _register(mt_dnn.MT_DNN)
+_register(unsupmt.UNSUPMT)
 _register(deeplab.DEEPLABV3)
 _register(yolo.YOLOV3)
 _register(nasnet.NASNET_LARGE)
+_register(stylegan.STYLEGAN)
+_register(pix2pixhd.PIX2PIXHD)
 _register(mask_rcnn.MASK_RCNN)
