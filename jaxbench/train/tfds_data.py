@@ -1,0 +1,301 @@
+"""Real batches for a training run, read through TFDS's random-access data sources.
+
+Each wired workload has a `Recipe`: the TFDS dataset its original trained on and the original's
+preprocessing of one record to one example at the workload's static shapes. Records are read
+with `tfds.data_source` (ArrayRecord files, random access, no TensorFlow), in an order that is a
+function of the seed and the position alone, so a resumed run reads the batches an uninterrupted
+one would. A background thread prepares the next batches and puts them on the device while the
+current step runs. tensorflow-datasets is the optional extra `data`; this module imports it only
+when a source is opened.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import math
+import os
+import re
+import zlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+EXTRA = "--data=tfds needs tensorflow-datasets: pip install 'jaxbench[data]'"
+
+Example = dict[str, np.ndarray]
+
+
+class DataError(Exception):
+  """A data source that cannot be opened: one line saying why and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """Where a workload's real examples come from and how one record becomes one example."""
+
+  dataset: str  # the TFDS name, with its config
+  split: str
+  example: Callable[[Mapping[str, Any], Mapping[str, Any], np.random.Generator], Example]
+  preprocessing: str  # in words, for the record and --help
+
+
+# ImageNet, as slim's inception preprocessing trains NASNet.
+
+
+def _crop_box(h: int, w: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
+  """A random box of 5% to 100% of the image's area and aspect ratio 3/4 to 4/3 (slim's
+  distorted_bounding_box_crop); the whole image when ten draws do not fit."""
+  for _ in range(10):
+    area = rng.uniform(0.05, 1.0) * h * w
+    ratio = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+    cw, ch = round(math.sqrt(area * ratio)), round(math.sqrt(area / ratio))
+    if 0 < cw <= w and 0 < ch <= h:
+      x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+      return x, y, x + cw, y + ch
+  return 0, 0, w, h
+
+
+def crop_resize_flip(image: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+  """A random crop resized bilinearly to size x size, flipped left-right at random, in [-1, 1]."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  h, w = image.shape[:2]
+  pixels = np.asarray(
+    Image.fromarray(image[..., :3]).resize(
+      (size, size), Image.Resampling.BILINEAR, box=_crop_box(h, w, rng)
+    ),
+    np.float32,
+  )
+  if rng.random() < 0.5:
+    pixels = pixels[:, ::-1]
+  return pixels * (2.0 / 255.0) - 1.0
+
+
+def _imagenet(record, cfg, rng) -> Example:
+  image = np.asarray(record['image'])
+  if image.ndim == 2 or image.shape[-1] == 1:
+    image = np.repeat(image.reshape(*image.shape[:2], 1), 3, axis=-1)
+  # Slim's 1001 classes keep 0 for the background: TFDS's label l is class l + 1 (a smaller
+  # --set num_classes wraps the labels onto its classes).
+  label = (int(record['label']) + 1) % cfg['num_classes']
+  return {
+    'images': crop_resize_flip(image, cfg['image_size'], rng),
+    'labels': np.int32(label),
+  }
+
+
+# Text: the originals' tokenizers (BERT's WordPiece vocabulary, fairseq's BPE codes) are files
+# that are not at hand offline; a word's id is its CRC32 hashed into the vocabulary above the
+# reserved ids, the same on every machine.
+
+PAD, CLS, EOS, SEP = 0, 1, 2, 3  # PAD and EOS are the models' own; CLS and SEP BERT's markers
+FIRST_WORD = 4
+_WORDS = re.compile(r'\w+|[^\w\s]')
+
+
+def words(text: str) -> list[tuple[str, int, int]]:
+  """The words and punctuation marks of `text`, lower-cased, with their character spans."""
+  return [(m.group().lower(), m.start(), m.end()) for m in _WORDS.finditer(text)]
+
+
+def word_id(word: str, vocab: int) -> int:
+  """A word's stand-in token id: its CRC32 in [FIRST_WORD, vocab)."""
+  return FIRST_WORD + zlib.crc32(word.encode()) % (vocab - FIRST_WORD)
+
+
+def _text(value: Any) -> str:
+  return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def sentence(text: str, vocab: int, length: int) -> np.ndarray:
+  """A sentence's ids ending with EOS, cut to `length` and padded with PAD (fairseq's order)."""
+  ids = [word_id(w, vocab) for w, _, _ in words(text)][: length - 1] + [EOS]
+  return np.array(ids + [PAD] * (length - len(ids)), np.int32)
+
+
+def _translation(source: str, target: str, vocabs: tuple[str, str]):
+  def example(record, cfg, rng) -> Example:
+    del rng
+    src = sentence(_text(record[source]), cfg[vocabs[0]], cfg['src_len'])
+    tgt = sentence(_text(record[target]), cfg[vocabs[1]], cfg['tgt_len'])
+    # The decoder's input is the target shifted right behind EOS, as fairseq's.
+    return {'source': src, 'target': tgt, 'target_in': np.concatenate([[EOS], tgt[:-1]])}
+
+  return example
+
+
+def _squad(record, cfg, rng) -> Example:
+  """[CLS] question [SEP] context window [SEP] with the answer's first and last token, as
+  run_squad.py builds a training feature: the question cut to question_len - 2 tokens, the
+  context in windows of half the room left, the first window holding the whole answer taken
+  (none: the answer points at [CLS], as run_squad.py's windows without it)."""
+  del rng
+  length, vocab = cfg['seq_len'], cfg['vocab']
+  question = [word_id(w, vocab) for w, _, _ in words(_text(record['question']))]
+  question = question[: cfg['question_len'] - 2]
+  context = words(_text(record['context']))
+  answers = record['answers']
+  start_char = int(np.asarray(answers['answer_start']).reshape(-1)[0])
+  answer = _text(np.asarray(answers['text']).reshape(-1)[0])
+  end_char = start_char + max(len(answer), 1)
+  inside = [i for i, (_, b, e) in enumerate(context) if b < end_char and e > start_char]
+  room = length - len(question) - 3
+  first = len(question) + 2  # the context's first position
+  start = end = 0
+  offset = 0
+  if inside:
+    stride = max(room // 2, 1)
+    offset = next(
+      (o for o in range(0, len(context), stride) if o <= inside[0] and inside[-1] < o + room),
+      0,
+    )
+    if offset <= inside[0] and inside[-1] < offset + room:
+      start, end = first + inside[0] - offset, first + inside[-1] - offset
+  window = [word_id(w, vocab) for w, _, _ in context[offset : offset + room]]
+  ids = [CLS, *question, SEP, *window, SEP]
+  tokens = np.array(ids + [PAD] * (length - len(ids)), np.int32)
+  segments = np.zeros(length, np.int32)
+  segments[first : len(ids)] = 1
+  return {
+    'tokens': tokens,
+    'segments': segments,
+    'start_positions': np.int32(start),
+    'end_positions': np.int32(end),
+  }
+
+
+HASHED = 'words hashed into the vocabulary (CRC32), a stand-in for the original tokenizer'
+RECIPES: dict[str, Recipe] = {
+  'nasnet_large': Recipe(
+    'imagenet2012',
+    'train',
+    _imagenet,
+    'random crop (5-100% of the area, aspect 3/4-4/3) resized bilinearly to image_size, random '
+    'flip, pixels in [-1, 1] (slim inception preprocessing without its colour distortion)',
+  ),
+  'bert_squad': Recipe(
+    'squad/v1.1',
+    'train',
+    _squad,
+    f'[CLS] question [SEP] context window [SEP], the answer span in tokens; {HASHED}',
+  ),
+  'transformer_big': Recipe(
+    'wmt16_translate/de-en',
+    'train',
+    _translation('en', 'de', ('vocab', 'vocab')),
+    f'English to German, each sentence cut to its length, EOS, padded; {HASHED}',
+  ),
+  'conv_seq2seq': Recipe(
+    'wmt14_translate/de-en',
+    'train',
+    _translation('en', 'de', ('src_vocab', 'tgt_vocab')),
+    f'English to German, each sentence cut to its length, EOS, padded; {HASHED}',
+  ),
+}
+
+
+def recipe(workload: str) -> Recipe:
+  """The recipe of `workload`; DataError naming the wired workloads when it has none."""
+  if workload not in RECIPES:
+    raise DataError(
+      f'--data=tfds: {workload} has no TFDS dataset wired; it reads: '
+      + ', '.join(f'{w} ({r.dataset})' for w, r in sorted(RECIPES.items()))
+    )
+  return RECIPES[workload]
+
+
+def open_records(r: Recipe, data_dir: str | None):
+  """The random-access records of r's split; DataError when tensorflow-datasets is missing or
+  the dataset is not prepared in `data_dir` (TFDS's default when None)."""
+  try:
+    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    raise DataError(EXTRA) from None
+  absl_log = logging.getLogger('absl')
+  level = absl_log.level
+  # TFDS warns of each folder it finds without the dataset: the line below says it once.
+  absl_log.setLevel(logging.ERROR)
+  try:
+    return tfds.data_source(r.dataset, split=r.split, data_dir=data_dir, download=False)
+  except Exception:  # pylint: disable=broad-except  (not found, not built, not ArrayRecord)
+    where = data_dir or os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets'
+    raise DataError(
+      f'--data=tfds: {r.dataset} ({r.split}) is not prepared in {where}: prepare it with '
+      f'`tfds build {r.dataset} --file_format=array_record --data_dir=DIR` '
+      '(TensorFlow needed to build; manual downloads go in DIR/downloads/manual) and pass '
+      '--data_dir=DIR'
+    ) from None
+  finally:
+    absl_log.setLevel(level)
+
+
+class Tfds:
+  """Batches of `examples` records of a TFDS split, shuffled per epoch by `seed` (the data key's
+  words), each preprocessed with its own randomness (seed, position, index); `depth` batches
+  ahead are prepared on threads and put on the device while the steps run."""
+
+  kind = 'tfds'
+
+  def __init__(self, r: Recipe, cfg, records, examples: int, seed: tuple[int, ...], depth: int = 2):
+    self.recipe, self.cfg, self.records = r, cfg, records
+    self.examples, self.seed, self.depth = examples, seed, depth
+    self.size = len(records)
+    if self.size == 0:
+      raise DataError(f'--data=tfds: {r.dataset} ({r.split}) has no records')
+    self._order: tuple[int, np.ndarray] | None = None
+    self._loader = concurrent.futures.ThreadPoolExecutor(1)  # one batch after another
+    self._workers = concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1))
+    self._ahead: dict[int, concurrent.futures.Future] = {}
+
+  def _record(self, k: int) -> int:
+    """The index of the k-th record read: epoch k // size in its own permutation."""
+    epoch, i = divmod(k, self.size)
+    if self._order is None or self._order[0] != epoch:
+      self._order = (epoch, np.random.default_rng([*self.seed, epoch]).permutation(self.size))
+    return int(self._order[1][i])
+
+  def host_batch(self, position: int) -> dict[str, np.ndarray]:
+    """The batch after `position` batches, as NumPy arrays on the host."""
+    first = position * self.examples
+    indices = [self._record(first + i) for i in range(self.examples)]
+
+    def one(i: int) -> Example:
+      rng = np.random.default_rng([*self.seed, position, i])
+      return self.recipe.example(self.records[indices[i]], self.cfg, rng)
+
+    examples = list(self._workers.map(one, range(self.examples)))
+    return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
+
+  def _device_batch(self, position: int):
+    import jax  # pylint: disable=g-import-not-at-top
+
+    return jax.device_put(self.host_batch(position))
+
+  def batch(self, position: int) -> Any:
+    for p in range(position, position + self.depth + 1):
+      if p not in self._ahead:
+        self._ahead[p] = self._loader.submit(self._device_batch, p)
+    for p in [p for p in self._ahead if p < position]:  # a resume elsewhere: not needed
+      self._ahead.pop(p).cancel()
+    return self._ahead.pop(position).result()
+
+  def describe(self, position: int) -> dict[str, Any]:
+    """The dataset, and where the next batch comes from: its position and epoch."""
+    return {
+      'source': self.kind,
+      'dataset': self.recipe.dataset,
+      'split': self.recipe.split,
+      'records': self.size,
+      'preprocessing': self.recipe.preprocessing,
+      'position': position,
+      'epoch': position * self.examples // self.size,
+    }
+
+  def close(self) -> None:
+    for f in self._ahead.values():
+      f.cancel()
+    self._loader.shutdown(wait=True, cancel_futures=True)
+    self._workers.shutdown(wait=True, cancel_futures=True)
