@@ -262,3 +262,58 @@ def test_translation_pairs_end_with_eos_and_shift_the_target():
   assert ex['target'][-1] == tfds_data.EOS and tfds_data.PAD not in ex['target']  # cut
   assert list(ex['target_in']) == [tfds_data.EOS, *ex['target'][:-1]]
   assert all(tfds_data.FIRST_WORD <= i < 50 for i in ids)
+
+
+def _coco_record(rng, boxes, labels, crowd):
+  h, w = rng.integers(20, 50, 2)
+  return {
+    'image': rng.integers(0, 256, (h, w, 3), np.uint8),
+    'objects': {
+      'bbox': np.array(boxes, np.float32).reshape(-1, 4),
+      'label': np.array(labels, np.int64),
+      'is_crowd': np.array(crowd, bool),
+    },
+  }
+
+
+def test_coco_boxes_become_centre_size_fractions_and_follow_the_flip():
+  cfg = dict(image=16, max_boxes=4, classes=80)
+  # [ymin, xmin, ymax, xmax]: one box, one crowd region, one empty box.
+  record = _coco_record(
+    np.random.default_rng(0),
+    [[0.1, 0.2, 0.5, 0.3], [0, 0, 1, 1], [0.4, 0.4, 0.4, 0.6]],
+    [7, 1, 2],
+    [False, True, False],
+  )
+  seen = set()
+  for seed in range(8):
+    ex = tfds_data.RECIPES['yolov3'].example(record, cfg, np.random.default_rng(seed))
+    assert ex['images'].shape == (16, 16, 3) and 0 <= ex['images'].min() <= ex['images'].max() <= 1
+    assert list(ex['valid']) == [True, False, False, False] and ex['classes'][0] == 7
+    cx = float(ex['boxes'][0, 0])
+    assert cx == pytest.approx(0.25) or cx == pytest.approx(0.75)  # flipped or not
+    np.testing.assert_allclose(ex['boxes'][0, 1:], [0.3, 0.1, 0.4], atol=1e-6)
+    seen.add(round(cx, 2))
+  assert seen == {0.25, 0.75}
+
+
+def test_yolov3_batches_from_records_have_the_synthetic_shapes():
+  """Any random-access sequence of records feeds the source (TFDS's coco needs TensorFlow for
+  its mock data; its ArrayRecord files, once built, do not)."""
+  rng = np.random.default_rng(1)
+  records = [
+    _coco_record(rng, rng.uniform(0, 1, (k, 4)), rng.integers(0, 80, k), np.zeros(k, bool))
+    for k in (0, 3, 12)
+  ]
+  w = registry.get('yolov3')
+  cfg = w.resolve(tiny=True, overrides={})
+  source = tfds_data.Tfds(tfds_data.recipe('yolov3'), cfg, records, 4, (3,))
+  try:
+    batch = jax.device_get(source.batch(0))
+  finally:
+    source.close()
+  trainer = w.trainer(cfg, precision.get(w.default_precision))
+  shapes = jax.eval_shape(lambda k: trainer.make_batch(k, 4), jax.random.key(0))
+  assert jax.tree.map(lambda a: (a.shape, a.dtype), batch) == jax.tree.map(
+    lambda s: (s.shape, s.dtype), dict(shapes)
+  )

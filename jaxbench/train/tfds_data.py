@@ -12,7 +12,9 @@ when a source is opened.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
+import io
 import logging
 import math
 import os
@@ -84,6 +86,43 @@ def _imagenet(record, cfg, rng) -> Example:
   return {
     'images': crop_resize_flip(image, cfg['image_size'], rng),
     'labels': np.int32(label),
+  }
+
+
+def _coco(record, cfg, rng) -> Example:
+  """darknet's detection input without its jitter and HSV distortion: the whole image resized
+  to image x image, flipped left-right at random, pixels in [0, 1]; the boxes (crowd regions
+  and empty boxes dropped) in random order, the first max_boxes as (cx, cy, w, h) fractions."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  size, m = cfg['image'], cfg['max_boxes']
+  image = np.asarray(record['image'])
+  if image.ndim == 2 or image.shape[-1] == 1:
+    image = np.repeat(image.reshape(*image.shape[:2], 1), 3, axis=-1)
+  pixels = np.asarray(
+    Image.fromarray(image[..., :3]).resize((size, size), Image.Resampling.BILINEAR), np.float32
+  )
+  objects = record['objects']
+  ymin, xmin, ymax, xmax = np.clip(np.asarray(objects['bbox'], np.float32).reshape(-1, 4), 0, 1).T
+  labels = np.asarray(objects['label']).reshape(-1)
+  keep = (xmax > xmin) & (ymax > ymin)
+  if 'is_crowd' in objects:
+    keep &= ~np.asarray(objects['is_crowd'], bool).reshape(-1)
+  if rng.random() < 0.5:
+    pixels = pixels[:, ::-1]
+    xmin, xmax = 1.0 - xmax, 1.0 - xmin
+  boxes = np.stack([(xmin + xmax) / 2, (ymin + ymax) / 2, xmax - xmin, ymax - ymin], -1)
+  order = rng.permutation(np.flatnonzero(keep))[:m]
+  k = len(order)
+  out_boxes = np.zeros((m, 4), np.float32)
+  out_boxes[:k] = boxes[order]
+  classes = np.zeros(m, np.int32)
+  classes[:k] = labels[order] % cfg['classes']
+  return {
+    'images': pixels / 255.0,
+    'boxes': out_boxes,
+    'classes': classes,
+    'valid': np.arange(m) < k,
   }
 
 
@@ -176,6 +215,15 @@ RECIPES: dict[str, Recipe] = {
     'random crop (5-100% of the area, aspect 3/4-4/3) resized bilinearly to image_size, random '
     'flip, pixels in [-1, 1] (slim inception preprocessing without its colour distortion)',
   ),
+  # The version named: TFDS then reads the prepared files without the builder's code, which
+  # imports TensorFlow.
+  'yolov3': Recipe(
+    'coco/2017:1.1.0',
+    'train',
+    _coco,
+    'the whole image resized to image x image, random flip, pixels in [0, 1], up to max_boxes '
+    'non-crowd boxes in random order as (cx, cy, w, h) (darknet without jitter and HSV)',
+  ),
   'bert_squad': Recipe(
     'squad/v1.1',
     'train',
@@ -216,15 +264,17 @@ def open_records(r: Recipe, data_dir: str | None):
     raise DataError(EXTRA) from None
   absl_log = logging.getLogger('absl')
   level = absl_log.level
-  # TFDS warns of each folder it finds without the dataset: the line below says it once.
+  # TFDS warns of each folder it finds without the dataset, and prints a banner where a builder's
+  # code wants TensorFlow: the line below says what matters once.
   absl_log.setLevel(logging.ERROR)
   try:
-    return tfds.data_source(r.dataset, split=r.split, data_dir=data_dir, download=False)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+      return tfds.data_source(r.dataset, split=r.split, data_dir=data_dir, download=False)
   except Exception:  # pylint: disable=broad-except  (not found, not built, not ArrayRecord)
     where = data_dir or os.environ.get('TFDS_DATA_DIR') or '~/tensorflow_datasets'
     raise DataError(
       f'--data=tfds: {r.dataset} ({r.split}) is not prepared in {where}: prepare it with '
-      f'`tfds build {r.dataset} --file_format=array_record --data_dir=DIR` '
+      f'`tfds build {r.dataset.split(":")[0]} --file_format=array_record --data_dir=DIR` '
       '(TensorFlow needed to build; manual downloads go in DIR/downloads/manual) and pass '
       '--data_dir=DIR'
     ) from None
