@@ -46,6 +46,8 @@ USER_FLAGS = {
   'checkpoint_every',
   'checkpoint_keep',
   'log_every',
+  'data',
+  'data_dir',
 }
 ADVANCED_FLAGS = {
   'remat',
