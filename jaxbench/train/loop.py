@@ -266,7 +266,11 @@ def _loop(program, compiled, w, train, ckpts, record, log, arrays, curve, start,
       log(f'{w.name}: {name}: stopped at step {step}' + (', saved' if ckpts else ''))
       status = 128 + stop.signum
   if status == 0 and source.kind != 'synthetic' and times['input']:
-    t['input'] = _input_bound(program, compiled, state, step_rng, times)
+    source.close()  # no batches read ahead on the host while the synthetic steps are timed
+    try:
+      t['input'] = _input_bound(program, compiled, state, step_rng, times)
+    except Exception as e:  # pylint: disable=broad-except  (the trained state is saved)
+      t['input'] = {'error': prog.first_line(e)}
   record.setdefault('status', 'ok')
   record.setdefault('error', None)
   t.update(
@@ -318,6 +322,8 @@ def _input_bound(program, compiled, state, step_rng, times) -> dict[str, Any]:
 def _input_text(s: dict[str, Any] | None) -> str:
   if not s:
     return ''
+  if 'error' in s:
+    return f'; the synthetic steps to compare the input with failed: {s["error"]}'
   return (
     f'; real data at {s["real_over_synthetic"]:.0%} of the synthetic steps/s (waits '
     f'{s["median_wait_s"] * 1e3:.2f} ms for a batch): '

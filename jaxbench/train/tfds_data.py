@@ -345,6 +345,7 @@ class Tfds:
     }
 
   def close(self) -> None:
+    """Stop reading ahead and end the threads; closing twice is harmless."""
     for f in self._ahead.values():
       f.cancel()
     self._loader.shutdown(wait=True, cancel_futures=True)
