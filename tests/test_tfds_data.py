@@ -140,6 +140,24 @@ def test_bert_squad_trains_on_mock_squad_and_says_whether_input_bound(tmp_path, 
   assert 'of the synthetic steps/s' in r.stdout and 'the bottleneck' in r.stdout
 
 
+def test_a_resumed_run_reads_the_batches_of_an_uninterrupted_one(tmp_path, cache):
+  run = ('--model=bert_squad', '--tiny', '--batch_size=4', '--log_every=1', '--data=tfds', cache)
+  whole, half = tmp_path / 'whole.jsonl', tmp_path / 'half.jsonl'
+  # 7 records in batches of 4: the second epoch starts inside the second batch.
+  assert mocked(7, *run, '--train_steps=6', f'--output={whole}').returncode == 0
+  ckpt = f'--checkpoint_dir={tmp_path / "ckpt"}'
+  assert mocked(7, *run, '--train_steps=3', ckpt).returncode == 0
+  r = mocked(7, *run, '--train_steps=6', ckpt, f'--output={half}')
+  assert r.returncode == 0, r.stderr
+  resumed = last_record(half)['train']
+  assert resumed['resumed_from'] == 3 and resumed['data']['position'] == 6
+  np.testing.assert_allclose(
+    [loss for _, loss in resumed['loss_curve']],
+    [loss for _, loss in last_record(whole)['train']['loss_curve']],
+    rtol=1e-6,
+  )
+
+
 @pytest.mark.slow
 def test_nasnet_trains_on_mock_imagenet(tmp_path, cache):
   out = tmp_path / 'r.jsonl'
