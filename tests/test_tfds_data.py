@@ -335,3 +335,43 @@ def test_yolov3_batches_from_records_have_the_synthetic_shapes():
   assert jax.tree.map(lambda a: (a.shape, a.dtype), batch) == jax.tree.map(
     lambda s: (s.shape, s.dtype), dict(shapes)
   )
+
+
+def test_glue_pairs_cut_the_longer_sentence_first():
+  tokens, segments = tfds_data.pair('one two three four five', 'six seven', 64, 9)
+  ids = lambda text: [tfds_data.word_id(w, 64) for w in text.split()]  # noqa: E731
+  cls, sep = tfds_data.CLS, tfds_data.SEP
+  assert list(tokens) == [cls, *ids('one two three four'), sep, *ids('six seven'), sep]
+  assert list(segments) == [0] * 6 + [1] * 3
+  tokens, segments = tfds_data.pair('one', None, 64, 5)
+  assert list(tokens) == [cls, *ids('one'), sep, 0, 0] and not segments.any()
+
+
+def test_mt_dnn_batches_hold_every_glue_task_at_the_synthetic_shapes():
+  w = registry.get('mt_dnn')
+  cfg = w.resolve(tiny=True, overrides={})
+  r = tfds_data.recipe('mt_dnn')
+  fields = {
+    'mnli': ('premise', 'hypothesis'), 'rte': ('sentence1', 'sentence2'),
+    'qqp': ('question1', 'question2'), 'qnli': ('question', 'sentence'),
+    'mrpc': ('sentence1', 'sentence2'), 'sst': ('sentence',), 'cola': ('sentence',),
+    'stsb': ('sentence1', 'sentence2'),
+  }  # fmt: skip
+  records = {
+    task: [{**{f: f'{task} {f} {i} words' for f in names}, 'label': i % 2} for i in range(3)]
+    for task, names in fields.items()
+  }
+  source = tfds_data.source(r, cfg, records, 2, (5,))
+  try:
+    batch = jax.device_get(source.batch(0))
+    described = source.describe(1)
+  finally:
+    source.close()
+  trainer = w.trainer(cfg, precision.get(w.default_precision))
+  shapes = jax.eval_shape(lambda k: trainer.make_batch(k, 2), jax.random.key(0))
+  assert jax.tree.map(lambda a: (a.shape, a.dtype), batch) == jax.tree.map(
+    lambda s: (s.shape, s.dtype), dict(shapes)
+  )
+  assert batch['sst']['segments'].sum() == 0 and batch['mnli']['segments'].sum() > 0
+  assert described['parts']['stsb']['dataset'] == 'glue/stsb'
+  assert described['parts']['sst']['dataset'] == 'glue/sst2'

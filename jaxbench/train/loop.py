@@ -199,7 +199,7 @@ def _source(program, examples, train, data_key):
   recipe = tfds_data.recipe(program.workload.name)
   records = tfds_data.open_records(recipe, train.data_dir)
   seed = tuple(int(x) for x in np.asarray(data_key).ravel())
-  return tfds_data.Tfds(recipe, program.cfg, records, examples, seed)
+  return tfds_data.source(recipe, program.cfg, records, examples, seed)
 
 
 def _loop(program, compiled, w, train, ckpts, record, log, arrays, curve, start, source) -> int:

@@ -42,6 +42,8 @@ class Recipe:
   split: str
   example: Callable[[Mapping[str, Any], Mapping[str, Any], np.random.Generator], Example]
   preprocessing: str  # in words, for the record and --help
+  # A batch of one sub-batch per part, each part its own dataset (MT-DNN's GLUE tasks).
+  parts: tuple[tuple[str, Recipe], ...] = ()
 
 
 # ImageNet, as slim's inception preprocessing trains NASNet.
@@ -206,6 +208,34 @@ def _squad(record, cfg, rng) -> Example:
   }
 
 
+def pair(first: str, second: str | None, vocab: int, length: int) -> tuple[np.ndarray, ...]:
+  """[CLS] a [SEP] (b [SEP]) as BERT's classifiers read them: the longer sentence cut a word at a
+  time until both fit (truncate_seq_pair), segment 1 for b, padded with PAD."""
+  a = [word_id(w, vocab) for w, _, _ in words(first)]
+  b = [word_id(w, vocab) for w, _, _ in words(second)] if second is not None else []
+  room = length - (3 if second is not None else 2)
+  while len(a) + len(b) > room:
+    (a if len(a) >= len(b) else b).pop()
+  ids = [CLS, *a, SEP] + ([*b, SEP] if second is not None else [])
+  tokens = np.array(ids + [PAD] * (length - len(ids)), np.int32)
+  segments = np.zeros(length, np.int32)
+  segments[len(a) + 2 : len(ids)] = 1
+  return tokens, segments
+
+
+def _glue(fields: tuple[str, ...], regression: bool = False):
+  def example(record, cfg, rng) -> Example:
+    del rng
+    texts = [_text(record[f]) for f in fields]
+    tokens, segments = pair(
+      texts[0], texts[1] if len(texts) > 1 else None, cfg['vocab'], cfg['seq_len']
+    )
+    label = np.float32(record['label']) if regression else np.int32(record['label'])
+    return {'tokens': tokens, 'segments': segments, 'labels': label}
+
+  return example
+
+
 HASHED = 'words hashed into the vocabulary (CRC32), a stand-in for the original tokenizer'
 RECIPES: dict[str, Recipe] = {
   'nasnet_large': Recipe(
@@ -242,6 +272,25 @@ RECIPES: dict[str, Recipe] = {
     _translation('en', 'de', ('src_vocab', 'tgt_vocab')),
     f'English to German, each sentence cut to its length, EOS, padded; {HASHED}',
   ),
+  'mt_dnn': Recipe(
+    'glue',
+    'train',
+    None,
+    f'[CLS] a [SEP] b [SEP], the longer sentence cut first, per GLUE task; {HASHED}',
+    parts=tuple(
+      (task, Recipe(f'glue/{config}', 'train', _glue(fields, task == 'stsb'), ''))
+      for task, config, fields in (
+        ('mnli', 'mnli', ('premise', 'hypothesis')),
+        ('rte', 'rte', ('sentence1', 'sentence2')),
+        ('qqp', 'qqp', ('question1', 'question2')),
+        ('qnli', 'qnli', ('question', 'sentence')),
+        ('mrpc', 'mrpc', ('sentence1', 'sentence2')),
+        ('sst', 'sst2', ('sentence',)),
+        ('cola', 'cola', ('sentence',)),
+        ('stsb', 'stsb', ('sentence1', 'sentence2')),
+      )
+    ),
+  ),
 }
 
 
@@ -256,8 +305,11 @@ def recipe(workload: str) -> Recipe:
 
 
 def open_records(r: Recipe, data_dir: str | None):
-  """The random-access records of r's split; DataError when tensorflow-datasets is missing or
-  the dataset is not prepared in `data_dir` (TFDS's default when None)."""
+  """The random-access records of r's split ({part: records} for a recipe of parts); DataError
+  when tensorflow-datasets is missing or a dataset is not prepared in `data_dir` (TFDS's
+  default when None)."""
+  if r.parts:
+    return {key: open_records(part, data_dir) for key, part in r.parts}
   try:
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   except ImportError:
@@ -282,7 +334,41 @@ def open_records(r: Recipe, data_dir: str | None):
     absl_log.setLevel(level)
 
 
-class Tfds:
+class _ReadAhead:
+  """Reads `depth` batches ahead on a thread (`host_batch` of the positions that follow), puts
+  each on the device, and hands them out by position."""
+
+  kind = 'tfds'
+
+  def __init__(self, depth: int):
+    self.depth = depth
+    self._loader = concurrent.futures.ThreadPoolExecutor(1)  # one batch after another
+    self._ahead: dict[int, concurrent.futures.Future] = {}
+
+  def host_batch(self, position: int) -> Any:
+    raise NotImplementedError
+
+  def _device_batch(self, position: int):
+    import jax  # pylint: disable=g-import-not-at-top
+
+    return jax.device_put(self.host_batch(position))
+
+  def batch(self, position: int) -> Any:
+    for p in range(position, position + self.depth + 1):
+      if p not in self._ahead:
+        self._ahead[p] = self._loader.submit(self._device_batch, p)
+    for p in [p for p in self._ahead if p < position]:  # a resume elsewhere: not needed
+      self._ahead.pop(p).cancel()
+    return self._ahead.pop(position).result()
+
+  def close(self) -> None:
+    """Stop reading ahead and end the threads; closing twice is harmless."""
+    for f in self._ahead.values():
+      f.cancel()
+    self._loader.shutdown(wait=True, cancel_futures=True)
+
+
+class Tfds(_ReadAhead):
   """Batches of `examples` records of a TFDS split, shuffled per epoch by `seed` (the data key's
   words), each preprocessed with its own randomness (seed, position, index); `depth` batches
   ahead are prepared on threads and put on the device while the steps run."""
@@ -290,15 +376,14 @@ class Tfds:
   kind = 'tfds'
 
   def __init__(self, r: Recipe, cfg, records, examples: int, seed: tuple[int, ...], depth: int = 2):
+    super().__init__(depth)
     self.recipe, self.cfg, self.records = r, cfg, records
-    self.examples, self.seed, self.depth = examples, seed, depth
+    self.examples, self.seed = examples, seed
     self.size = len(records)
     if self.size == 0:
       raise DataError(f'--data=tfds: {r.dataset} ({r.split}) has no records')
     self._order: tuple[int, np.ndarray] | None = None
-    self._loader = concurrent.futures.ThreadPoolExecutor(1)  # one batch after another
     self._workers = concurrent.futures.ThreadPoolExecutor(min(8, os.cpu_count() or 1))
-    self._ahead: dict[int, concurrent.futures.Future] = {}
 
   def _record(self, k: int) -> int:
     """The index of the k-th record read: epoch k // size in its own permutation."""
@@ -319,19 +404,6 @@ class Tfds:
     examples = list(self._workers.map(one, range(self.examples)))
     return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
 
-  def _device_batch(self, position: int):
-    import jax  # pylint: disable=g-import-not-at-top
-
-    return jax.device_put(self.host_batch(position))
-
-  def batch(self, position: int) -> Any:
-    for p in range(position, position + self.depth + 1):
-      if p not in self._ahead:
-        self._ahead[p] = self._loader.submit(self._device_batch, p)
-    for p in [p for p in self._ahead if p < position]:  # a resume elsewhere: not needed
-      self._ahead.pop(p).cancel()
-    return self._ahead.pop(position).result()
-
   def describe(self, position: int) -> dict[str, Any]:
     """The dataset, and where the next batch comes from: its position and epoch."""
     return {
@@ -345,8 +417,42 @@ class Tfds:
     }
 
   def close(self) -> None:
-    """Stop reading ahead and end the threads; closing twice is harmless."""
-    for f in self._ahead.values():
-      f.cancel()
-    self._loader.shutdown(wait=True, cancel_futures=True)
+    super().close()
     self._workers.shutdown(wait=True, cancel_futures=True)
+
+
+class Parts(_ReadAhead):
+  """One sub-batch of `examples` per part of the recipe, each read by its own `Tfds` (its
+  order seeded by the seed and the part's index): MT-DNN's batch of every GLUE task."""
+
+  def __init__(self, r: Recipe, cfg, records, examples: int, seed: tuple[int, ...], depth: int = 2):
+    super().__init__(depth)
+    self.recipe = r
+    self.parts = {
+      key: Tfds(part, cfg, records[key], examples, (*seed, j), depth)
+      for j, (key, part) in enumerate(r.parts)
+    }
+
+  def host_batch(self, position: int) -> dict[str, Any]:
+    return {key: part.host_batch(position) for key, part in self.parts.items()}
+
+  def describe(self, position: int) -> dict[str, Any]:
+    """The datasets, and where the next batch comes from: its position and each one's epoch."""
+    return {
+      'source': self.kind,
+      'dataset': self.recipe.dataset,
+      'split': self.recipe.split,
+      'preprocessing': self.recipe.preprocessing,
+      'position': position,
+      'parts': {key: part.describe(position) for key, part in self.parts.items()},
+    }
+
+  def close(self) -> None:
+    super().close()
+    for part in self.parts.values():
+      part.close()
+
+
+def source(r: Recipe, cfg, records, examples: int, seed: tuple[int, ...]) -> Tfds | Parts:
+  """The batches of recipe `r` over `records` (open_records's)."""
+  return (Parts if r.parts else Tfds)(r, cfg, records, examples, seed)
