@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxbench.train import tfds_data
+from jaxbench.train import recipes, tfds_data
 from models import precision, registry
 from tests.test_train import one_line_error
 
@@ -191,7 +191,7 @@ def _source(workload, records, examples=3, seed=(7, 9)):
   tfds = pytest.importorskip('tensorflow_datasets')
   w = registry.get(workload)
   cfg = w.resolve(tiny=True, overrides={})
-  recipe = tfds_data.recipe(workload)
+  recipe = recipes.recipe(workload)
   with tfds.testing.mock_data(num_examples=records, policy=tfds.testing.MockPolicy.USE_CODE):
     source = tfds_data.Tfds(recipe, cfg, tfds_data.open_records(recipe, None), examples, seed)
   trainer = w.trainer(cfg, precision.get(w.default_precision))
@@ -230,10 +230,10 @@ def test_images_are_crops_in_minus_one_to_one():
   rng = np.random.default_rng(0)
   image = np.zeros((40, 60, 3), np.uint8)
   image[:, :30] = 255  # the left half white, the right half black
-  pixels = tfds_data.crop_resize_flip(image, 16, rng)
+  pixels = recipes.crop_resize_flip(image, 16, rng)
   assert pixels.shape == (16, 16, 3) and pixels.dtype == np.float32
   assert pixels.min() >= -1.0 and pixels.max() <= 1.0
-  crops = [tfds_data.crop_resize_flip(image, 16, rng) for _ in range(8)]
+  crops = [recipes.crop_resize_flip(image, 16, rng) for _ in range(8)]
   assert len({c.tobytes() for c in crops}) == 8  # random crops and flips
 
 
@@ -248,14 +248,14 @@ def test_squad_answer_span_points_at_the_answer_words():
       'answer_start': np.array([context.index('the mat')]),
     },
   }
-  ex = tfds_data.RECIPES['bert_squad'].example(record, cfg, None)
+  ex = recipes.RECIPES['bert_squad'].example(record, cfg, None)
   tokens = ex['tokens']
-  assert tokens[0] == tfds_data.CLS and tokens.shape == (24,)
-  question = [tfds_data.word_id(w, 128) for w in ('where', 'did', 'the', 'cat', 'sit', '?')]
-  assert list(tokens[1:7]) == question and tokens[7] == tfds_data.SEP
+  assert tokens[0] == recipes.CLS and tokens.shape == (24,)
+  question = [recipes.word_id(w, 128) for w in ('where', 'did', 'the', 'cat', 'sit', '?')]
+  assert list(tokens[1:7]) == question and tokens[7] == recipes.SEP
   assert list(ex['segments'][:8]) == [0] * 8 and ex['segments'][8] == 1
   start, end = int(ex['start_positions']), int(ex['end_positions'])
-  assert list(tokens[start : end + 1]) == [tfds_data.word_id(w, 128) for w in ('the', 'mat')]
+  assert list(tokens[start : end + 1]) == [recipes.word_id(w, 128) for w in ('the', 'mat')]
 
 
 def test_squad_answer_outside_every_window_points_at_cls():
@@ -266,20 +266,20 @@ def test_squad_answer_outside_every_window_points_at_cls():
     'context': context,
     'answers': {'text': np.array(['w1 w2 w3 w4 w5 w6 w7 w8 w9']), 'answer_start': np.array([3])},
   }
-  ex = tfds_data.RECIPES['bert_squad'].example(record, cfg, None)
+  ex = recipes.RECIPES['bert_squad'].example(record, cfg, None)
   assert int(ex['start_positions']) == 0 and int(ex['end_positions']) == 0
 
 
 def test_translation_pairs_end_with_eos_and_shift_the_target():
   cfg = dict(src_len=6, tgt_len=5, vocab=50)
-  ex = tfds_data.RECIPES['transformer_big'].example(
+  ex = recipes.RECIPES['transformer_big'].example(
     {'en': b'Hello, world!', 'de': b'Hallo Welt, wie geht es dir heute?'}, cfg, None
   )
-  ids = [tfds_data.word_id(w, 50) for w in ('hello', ',', 'world', '!')]
-  assert list(ex['source']) == [*ids, tfds_data.EOS, tfds_data.PAD]
-  assert ex['target'][-1] == tfds_data.EOS and tfds_data.PAD not in ex['target']  # cut
-  assert list(ex['target_in']) == [tfds_data.EOS, *ex['target'][:-1]]
-  assert all(tfds_data.FIRST_WORD <= i < 50 for i in ids)
+  ids = [recipes.word_id(w, 50) for w in ('hello', ',', 'world', '!')]
+  assert list(ex['source']) == [*ids, recipes.EOS, recipes.PAD]
+  assert ex['target'][-1] == recipes.EOS and recipes.PAD not in ex['target']  # cut
+  assert list(ex['target_in']) == [recipes.EOS, *ex['target'][:-1]]
+  assert all(recipes.FIRST_WORD <= i < 50 for i in ids)
 
 
 def _coco_record(rng, boxes, labels, crowd):
@@ -305,7 +305,7 @@ def test_coco_boxes_become_centre_size_fractions_and_follow_the_flip():
   )
   seen = set()
   for seed in range(8):
-    ex = tfds_data.RECIPES['yolov3'].example(record, cfg, np.random.default_rng(seed))
+    ex = recipes.RECIPES['yolov3'].example(record, cfg, np.random.default_rng(seed))
     assert ex['images'].shape == (16, 16, 3) and 0 <= ex['images'].min() <= ex['images'].max() <= 1
     assert list(ex['valid']) == [True, False, False, False] and ex['classes'][0] == 7
     cx = float(ex['boxes'][0, 0])
@@ -325,7 +325,7 @@ def test_yolov3_batches_from_records_have_the_synthetic_shapes():
   ]
   w = registry.get('yolov3')
   cfg = w.resolve(tiny=True, overrides={})
-  source = tfds_data.Tfds(tfds_data.recipe('yolov3'), cfg, records, 4, (3,))
+  source = tfds_data.Tfds(recipes.recipe('yolov3'), cfg, records, 4, (3,))
   try:
     batch = jax.device_get(source.batch(0))
   finally:
@@ -338,19 +338,19 @@ def test_yolov3_batches_from_records_have_the_synthetic_shapes():
 
 
 def test_glue_pairs_cut_the_longer_sentence_first():
-  tokens, segments = tfds_data.pair('one two three four five', 'six seven', 64, 9)
-  ids = lambda text: [tfds_data.word_id(w, 64) for w in text.split()]  # noqa: E731
-  cls, sep = tfds_data.CLS, tfds_data.SEP
+  tokens, segments = recipes.pair('one two three four five', 'six seven', 64, 9)
+  ids = lambda text: [recipes.word_id(w, 64) for w in text.split()]  # noqa: E731
+  cls, sep = recipes.CLS, recipes.SEP
   assert list(tokens) == [cls, *ids('one two three four'), sep, *ids('six seven'), sep]
   assert list(segments) == [0] * 6 + [1] * 3
-  tokens, segments = tfds_data.pair('one', None, 64, 5)
+  tokens, segments = recipes.pair('one', None, 64, 5)
   assert list(tokens) == [cls, *ids('one'), sep, 0, 0] and not segments.any()
 
 
 def test_mt_dnn_batches_hold_every_glue_task_at_the_synthetic_shapes():
   w = registry.get('mt_dnn')
   cfg = w.resolve(tiny=True, overrides={})
-  r = tfds_data.recipe('mt_dnn')
+  r = recipes.recipe('mt_dnn')
   fields = {
     'mnli': ('premise', 'hypothesis'), 'rte': ('sentence1', 'sentence2'),
     'qqp': ('question1', 'question2'), 'qnli': ('question', 'sentence'),

@@ -23,7 +23,7 @@ from jaxbench import cli
 from jaxbench.core import backend, bench, search
 from jaxbench.core import program as prog
 from jaxbench.results import records as report
-from jaxbench.train import checkpoint, data, tfds_data
+from jaxbench.train import checkpoint, data, recipes, tfds_data
 from models import precision
 
 SCHEMA = 'jaxbench.train/1'
@@ -110,7 +110,7 @@ def run(
   except _Refused as e:
     log(f'jaxbench: error: {e}')
     return 2
-  except tfds_data.DataError as e:
+  except recipes.DataError as e:
     log(f'jaxbench: error: {e}')
     return 2
   finally:
@@ -196,7 +196,7 @@ def _source(program, examples, train, data_key):
   key = jax.random.wrap_key_data(data_key)
   if train.data == 'synthetic':
     return data.Synthetic(program.trainer.make_batch, key, examples)
-  recipe = tfds_data.recipe(program.workload.name)
+  recipe = recipes.recipe(program.workload.name)
   records = tfds_data.open_records(recipe, train.data_dir)
   seed = tuple(int(x) for x in np.asarray(data_key).ravel())
   return tfds_data.source(recipe, program.cfg, records, examples, seed)

@@ -72,11 +72,11 @@ def plan(a: cli.Args, w: wl.Workload, cfg: wl.Config) -> Train | None:
     a.data_dir,
   )
   if a.data == 'tfds':
-    from jaxbench.train import tfds_data  # pylint: disable=g-import-not-at-top
+    from jaxbench.train import recipes, tfds_data  # pylint: disable=g-import-not-at-top
 
     try:
-      tfds_data.open_records(tfds_data.recipe(w.name), a.data_dir)
-    except tfds_data.DataError as e:
+      tfds_data.open_records(recipes.recipe(w.name), a.data_dir)
+    except recipes.DataError as e:
       raise cli.UsageError(str(e)) from None
   if a.checkpoint_dir is None:
     return train
