@@ -306,7 +306,7 @@ def _input_bound(program, compiled, state, step_rng, times) -> dict[str, Any]:
     float(np.asarray(metrics['loss']))
     synthetic.append(time.perf_counter() - begin)
   steps = times['saving'] + times['quiet']
-  real = statistics.median(w + s for w, s in zip(times['input'], steps))
+  real = statistics.median(wait + step for wait, step in zip(times['input'], steps))
   fake = statistics.median(synthetic)
   ratio = fake / real
   return {
