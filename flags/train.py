@@ -32,3 +32,18 @@ LOG_EVERY = flags.DEFINE_integer(
   'Print the loss every this many steps; these points are the loss curve of the result.',
   lower_bound=1,
 )
+DATA = flags.DEFINE_enum(
+  'data',
+  'synthetic',
+  ['synthetic', 'tfds'],
+  'Where a --train_steps run reads its batches: synthetic (built on the device) or tfds (the '
+  "workload's dataset through tensorflow-datasets, the extra jaxbench[data], with the "
+  "original's preprocessing, prepared ahead on the host; the result says whether input was "
+  'the bottleneck). The timing runs read synthetic batches only.',
+)
+DATA_DIR = flags.DEFINE_string(
+  'data_dir',
+  None,
+  "With --data=tfds: TFDS's data directory holding the prepared dataset (default: "
+  "$TFDS_DATA_DIR or ~/tensorflow_datasets).",
+)

@@ -110,6 +110,8 @@ class Args:
   checkpoint_every: int = 100
   checkpoint_keep: int = 3
   log_every: int = 10
+  data: str = 'synthetic'
+  data_dir: str | None = None
   # flags/pytorch.py
   framework: str = 'jax'
   frameworks: tuple[str, ...] = ()

@@ -49,6 +49,8 @@ USER_FLAGS = {
   'checkpoint_every',
   'checkpoint_keep',
   'log_every',
+  'data',
+  'data_dir',
 }
 ADVANCED_FLAGS = {
   'remat',

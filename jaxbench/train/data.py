@@ -2,13 +2,16 @@
 
 The loop asks `batch(position)` for the batch of the step that follows `position` steps and
 saves the position with the checkpoint, so a resumed run sees the batches an uninterrupted one
-would. Another source (a dataset read from files) takes the same two members.
+would. `--data=tfds` reads a dataset through TFDS instead (jaxbench/train/tfds_data.py), with
+the same members.
 """
 
 from collections.abc import Callable
 from typing import Any
 
 import jax
+
+KINDS = ('synthetic', 'tfds')  # --data
 
 
 class Synthetic:
@@ -27,3 +30,6 @@ class Synthetic:
   def describe(self, position: int) -> dict[str, Any]:
     """What the result records of the source: its kind and where the next batch comes from."""
     return {'source': self.kind, 'position': position}
+
+  def close(self) -> None:
+    """Nothing to release: the batches are built on demand."""

@@ -23,10 +23,18 @@ from jaxbench import cli
 from jaxbench.core import backend, bench, search
 from jaxbench.core import program as prog
 from jaxbench.results import records as report
-from jaxbench.train import checkpoint, data
+from jaxbench.train import checkpoint, data, recipes, tfds_data
 from models import precision
 
 SCHEMA = 'jaxbench.train/1'
+# Steps on a synthetic batch after a --data=tfds run, the speed its input is compared with.
+SYNTHETIC_PROBE_STEPS = 20
+# Real data below this fraction of the synthetic speed: the input is the bottleneck.
+INPUT_BOUND_BELOW = 0.9
+
+
+class _Refused(Exception):
+  """The checkpoints cannot be resumed by this run: one line, status 2."""
 
 
 class _Stop:
@@ -99,6 +107,12 @@ def run(
     ckpts = checkpoint.Checkpoints(train.checkpoint_dir, train.keep, log)
   try:
     status = _train(program, compiled, w, train, ckpts, record, log)
+  except _Refused as e:
+    log(f'jaxbench: error: {e}')
+    return 2
+  except recipes.DataError as e:
+    log(f'jaxbench: error: {e}')
+    return 2
   finally:
     if ckpts is not None:
       ckpts.wait()  # the last save whole on disk before the process ends
@@ -110,7 +124,8 @@ def run(
     f'{w.name}: trained to step {t["step"]} of {train.steps} at batch {batch} {w.unit}'
     + (f' (resumed from step {t["resumed_from"]})' if t['resumed_from'] else '')
     + (f', loss {curve[-1][1]:.4f}' if curve else '')
-    + _times_text(t['step_s']),
+    + _times_text(t['step_s'])
+    + _input_text(t.get('input')),
     flush=True,
   )
   return status
@@ -163,14 +178,36 @@ def _train(program, compiled, w, train, ckpts, record, log) -> int:
   if restored is not None:
     start, arrays, saved = restored
     curve = [p for p in saved['loss_curve'] if p[0] <= start]
+    if saved.get('source', 'synthetic') != train.data:
+      raise _Refused(
+        f'--data={train.data}: the checkpoints in {ckpts.directory} were trained on '
+        f'{saved.get("source", "synthetic")} batches'
+      )
     log(f'{w.name}: resumed from the checkpoint of step {start} in {ckpts.directory}')
+  source = _source(program, compiled.n, train, arrays['rng']['data'])
+  try:
+    return _loop(program, compiled, w, train, ckpts, record, log, arrays, curve, start, source)
+  finally:
+    source.close()
+
+
+def _source(program, examples, train, data_key):
+  """The run's batches: synthetic, or the workload's TFDS dataset (--data=tfds)."""
+  key = jax.random.wrap_key_data(data_key)
+  if train.data == 'synthetic':
+    return data.Synthetic(program.trainer.make_batch, key, examples)
+  recipe = recipes.recipe(program.workload.name)
+  records = tfds_data.open_records(recipe, train.data_dir)
+  seed = tuple(int(x) for x in np.asarray(data_key).ravel())
+  return tfds_data.source(recipe, program.cfg, records, examples, seed)
+
+
+def _loop(program, compiled, w, train, ckpts, record, log, arrays, curve, start, source) -> int:
+  """The steps from `start` on; record['train'] says how far they got."""
   state = arrays['state']
   step_rng = jax.random.wrap_key_data(arrays['rng']['step'])
-  source = data.Synthetic(
-    program.trainer.make_batch, jax.random.wrap_key_data(arrays['rng']['data']), compiled.n
-  )
   step, saved_steps, status = start, [], 0
-  times = {'saving': [], 'quiet': [], 'save_call': []}
+  times = {'saving': [], 'quiet': [], 'save_call': [], 'input': []}
   t = record['train'] = {
     'steps': train.steps,
     'resumed_from': start or None,
@@ -188,7 +225,14 @@ def _train(program, compiled, w, train, ckpts, record, log) -> int:
 
   with _Stop() as stop:
     while step < train.steps and stop.signum is None:
-      batch = source.batch(step)
+      begin = time.perf_counter()
+      try:
+        batch = source.batch(step)
+      except Exception as e:  # pylint: disable=broad-except  (a record that cannot be read)
+        record.update(status='error', error=f'input: {prog.first_line(e)}')
+        status = 1
+        break
+      times['input'].append(time.perf_counter() - begin)
       in_flight = ckpts is not None and ckpts.saving()
       begin = time.perf_counter()
       try:
@@ -221,6 +265,12 @@ def _train(program, compiled, w, train, ckpts, record, log) -> int:
       record.update(status='interrupted', error=f'stopped by {name} at step {step}')
       log(f'{w.name}: {name}: stopped at step {step}' + (', saved' if ckpts else ''))
       status = 128 + stop.signum
+  if status == 0 and source.kind != 'synthetic' and times['input']:
+    source.close()  # no batches read ahead on the host while the synthetic steps are timed
+    try:
+      t['input'] = _input_bound(program, compiled, state, step_rng, times)
+    except Exception as e:  # pylint: disable=broad-except  (the trained state is saved)
+      t['input'] = {'error': prog.first_line(e)}
   record.setdefault('status', 'ok')
   record.setdefault('error', None)
   t.update(
@@ -241,6 +291,44 @@ def _train(program, compiled, w, train, ckpts, record, log) -> int:
     },
   )
   return status
+
+
+def _input_bound(program, compiled, state, step_rng, times) -> dict[str, Any]:
+  """Whether input was the bottleneck: the steps/s with real data (each step's wait for its
+  batch and the step) over the steps/s of the same step on a synthetic batch already on the
+  device, timed for SYNTHETIC_PROBE_STEPS steps after the run (their state is not saved)."""
+  fake_source = data.Synthetic(program.trainer.make_batch, program.rng, compiled.n)
+  batch = jax.block_until_ready(fake_source.batch(0))
+  synthetic = []
+  for _ in range(SYNTHETIC_PROBE_STEPS):
+    begin = time.perf_counter()
+    state, metrics = compiled.executable(state, batch, step_rng)
+    float(np.asarray(metrics['loss']))
+    synthetic.append(time.perf_counter() - begin)
+  steps = times['saving'] + times['quiet']
+  real = statistics.median(wait + step for wait, step in zip(times['input'], steps))
+  fake = statistics.median(synthetic)
+  ratio = fake / real
+  return {
+    'median_wait_s': statistics.median(times['input']),
+    'median_real_step_s': real,
+    'median_synthetic_step_s': fake,
+    'synthetic_steps': len(synthetic),
+    'real_over_synthetic': ratio,  # steps/s with real data over steps/s with synthetic data
+    'input_bound': ratio < INPUT_BOUND_BELOW,
+  }
+
+
+def _input_text(s: dict[str, Any] | None) -> str:
+  if not s:
+    return ''
+  if 'error' in s:
+    return f'; the synthetic steps to compare the input with failed: {s["error"]}'
+  return (
+    f'; real data at {s["real_over_synthetic"]:.0%} of the synthetic steps/s (waits '
+    f'{s["median_wait_s"] * 1e3:.2f} ms for a batch): '
+    + ('input is the bottleneck' if s['input_bound'] else 'input is not the bottleneck')
+  )
 
 
 def _times_text(s: dict[str, Any]) -> str:

@@ -22,13 +22,22 @@ class Train:
   every: int = 100  # save every this many steps
   keep: int = 3  # the checkpoints kept
   log_every: int = 10  # a loss line, and a point of the loss curve
+  data: str = 'synthetic'  # where the batches come from: 'synthetic' or 'tfds'
+  data_dir: str | None = None  # TFDS's data directory (None: its default)
 
 
 def check_flags(a: cli.Args) -> None:
   """The training flags against those they cannot go with; checked before the cards are."""
+  if a.data_dir is not None and a.data != 'tfds':
+    raise cli.UsageError('--data_dir is where --data=tfds reads: give --data=tfds')
   if a.train_steps is None:
     if a.checkpoint_dir is not None:
       raise cli.UsageError('--checkpoint_dir keeps a training run: give --train_steps')
+    if a.data != 'synthetic':
+      raise cli.UsageError(
+        f'--data={a.data} feeds a training run: give --train_steps (timing runs read '
+        'synthetic batches)'
+      )
     return
   for given, what in (
     (a.gpus, '--gpus (a sweep or a prediction of many cards)'),
@@ -53,7 +62,22 @@ def plan(a: cli.Args, w: wl.Workload, cfg: wl.Config) -> Train | None:
   check_flags(a)
   if a.train_steps is None:
     return None
-  train = Train(a.train_steps, a.checkpoint_dir, a.checkpoint_every, a.checkpoint_keep, a.log_every)
+  train = Train(
+    a.train_steps,
+    a.checkpoint_dir,
+    a.checkpoint_every,
+    a.checkpoint_keep,
+    a.log_every,
+    a.data,
+    a.data_dir,
+  )
+  if a.data == 'tfds':
+    from jaxbench.train import recipes, tfds_data  # pylint: disable=g-import-not-at-top
+
+    try:
+      tfds_data.open_records(recipes.recipe(w.name), a.data_dir)
+    except recipes.DataError as e:
+      raise cli.UsageError(str(e)) from None
   if a.checkpoint_dir is None:
     return train
   problem = checkpoint.unusable(a.checkpoint_dir, cli.unwritable_dir)

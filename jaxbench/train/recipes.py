@@ -1,0 +1,290 @@
+"""What each workload reads with --data=tfds: its original's TFDS dataset, and the original's
+preprocessing of one record to one example at the workload's static shapes (NumPy, on the host).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import zlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+Example = dict[str, np.ndarray]
+
+
+class DataError(Exception):
+  """A data source that cannot be opened: one line saying why and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """Where a workload's real examples come from and how one record becomes one example."""
+
+  dataset: str  # the TFDS name, with its config
+  split: str
+  example: Callable[[Mapping[str, Any], Mapping[str, Any], np.random.Generator], Example]
+  preprocessing: str  # in words, for the record and --help
+  # A batch of one sub-batch per part, each part its own dataset (MT-DNN's GLUE tasks).
+  parts: tuple[tuple[str, Recipe], ...] = ()
+
+
+# ImageNet, as slim's inception preprocessing trains NASNet.
+
+
+def _crop_box(h: int, w: int, rng: np.random.Generator) -> tuple[int, int, int, int]:
+  """A random box of 5% to 100% of the image's area and aspect ratio 3/4 to 4/3 (slim's
+  distorted_bounding_box_crop); the whole image when ten draws do not fit."""
+  for _ in range(10):
+    area = rng.uniform(0.05, 1.0) * h * w
+    ratio = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+    cw, ch = round(math.sqrt(area * ratio)), round(math.sqrt(area / ratio))
+    if 0 < cw <= w and 0 < ch <= h:
+      x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+      return x, y, x + cw, y + ch
+  return 0, 0, w, h
+
+
+def crop_resize_flip(image: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+  """A random crop resized bilinearly to size x size, flipped left-right at random, in [-1, 1]."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  h, w = image.shape[:2]
+  pixels = np.asarray(
+    Image.fromarray(image[..., :3]).resize(
+      (size, size), Image.Resampling.BILINEAR, box=_crop_box(h, w, rng)
+    ),
+    np.float32,
+  )
+  if rng.random() < 0.5:
+    pixels = pixels[:, ::-1]
+  return pixels * (2.0 / 255.0) - 1.0
+
+
+def _imagenet(record, cfg, rng) -> Example:
+  image = np.asarray(record['image'])
+  if image.ndim == 2 or image.shape[-1] == 1:
+    image = np.repeat(image.reshape(*image.shape[:2], 1), 3, axis=-1)
+  # Slim's 1001 classes keep 0 for the background: TFDS's label l is class l + 1 (a smaller
+  # --set num_classes wraps the labels onto its classes).
+  label = (int(record['label']) + 1) % cfg['num_classes']
+  return {
+    'images': crop_resize_flip(image, cfg['image_size'], rng),
+    'labels': np.int32(label),
+  }
+
+
+def _coco(record, cfg, rng) -> Example:
+  """darknet's detection input without its jitter and HSV distortion: the whole image resized
+  to image x image, flipped left-right at random, pixels in [0, 1]; the boxes (crowd regions
+  and empty boxes dropped) in random order, the first max_boxes as (cx, cy, w, h) fractions."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  size, m = cfg['image'], cfg['max_boxes']
+  image = np.asarray(record['image'])
+  if image.ndim == 2 or image.shape[-1] == 1:
+    image = np.repeat(image.reshape(*image.shape[:2], 1), 3, axis=-1)
+  pixels = np.asarray(
+    Image.fromarray(image[..., :3]).resize((size, size), Image.Resampling.BILINEAR), np.float32
+  )
+  objects = record['objects']
+  ymin, xmin, ymax, xmax = np.clip(np.asarray(objects['bbox'], np.float32).reshape(-1, 4), 0, 1).T
+  labels = np.asarray(objects['label']).reshape(-1)
+  keep = (xmax > xmin) & (ymax > ymin)
+  if 'is_crowd' in objects:
+    keep &= ~np.asarray(objects['is_crowd'], bool).reshape(-1)
+  if rng.random() < 0.5:
+    pixels = pixels[:, ::-1]
+    xmin, xmax = 1.0 - xmax, 1.0 - xmin
+  boxes = np.stack([(xmin + xmax) / 2, (ymin + ymax) / 2, xmax - xmin, ymax - ymin], -1)
+  order = rng.permutation(np.flatnonzero(keep))[:m]
+  k = len(order)
+  out_boxes = np.zeros((m, 4), np.float32)
+  out_boxes[:k] = boxes[order]
+  classes = np.zeros(m, np.int32)
+  classes[:k] = labels[order] % cfg['classes']
+  return {
+    'images': pixels / 255.0,
+    'boxes': out_boxes,
+    'classes': classes,
+    'valid': np.arange(m) < k,
+  }
+
+
+# Text: the originals' tokenizers (BERT's WordPiece vocabulary, fairseq's BPE codes) are files
+# that are not at hand offline; a word's id is its CRC32 hashed into the vocabulary above the
+# reserved ids, the same on every machine.
+
+PAD, CLS, EOS, SEP = 0, 1, 2, 3  # PAD and EOS are the models' own; CLS and SEP BERT's markers
+FIRST_WORD = 4
+_WORDS = re.compile(r'\w+|[^\w\s]')
+
+
+def words(text: str) -> list[tuple[str, int, int]]:
+  """The words and punctuation marks of `text`, lower-cased, with their character spans."""
+  return [(m.group().lower(), m.start(), m.end()) for m in _WORDS.finditer(text)]
+
+
+def word_id(word: str, vocab: int) -> int:
+  """A word's stand-in token id: its CRC32 in [FIRST_WORD, vocab)."""
+  return FIRST_WORD + zlib.crc32(word.encode()) % (vocab - FIRST_WORD)
+
+
+def _text(value: Any) -> str:
+  return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def sentence(text: str, vocab: int, length: int) -> np.ndarray:
+  """A sentence's ids ending with EOS, cut to `length` and padded with PAD (fairseq's order)."""
+  ids = [word_id(w, vocab) for w, _, _ in words(text)][: length - 1] + [EOS]
+  return np.array(ids + [PAD] * (length - len(ids)), np.int32)
+
+
+def _translation(source: str, target: str, vocabs: tuple[str, str]):
+  def example(record, cfg, rng) -> Example:
+    del rng
+    src = sentence(_text(record[source]), cfg[vocabs[0]], cfg['src_len'])
+    tgt = sentence(_text(record[target]), cfg[vocabs[1]], cfg['tgt_len'])
+    # The decoder's input is the target shifted right behind EOS, as fairseq's.
+    return {'source': src, 'target': tgt, 'target_in': np.concatenate([[EOS], tgt[:-1]])}
+
+  return example
+
+
+def _squad(record, cfg, rng) -> Example:
+  """[CLS] question [SEP] context window [SEP] with the answer's first and last token, as
+  run_squad.py builds a training feature: the question cut to question_len - 2 tokens, the
+  context in windows of half the room left, the first window holding the whole answer taken
+  (none: the answer points at [CLS], as run_squad.py's windows without it)."""
+  del rng
+  length, vocab = cfg['seq_len'], cfg['vocab']
+  question = [word_id(w, vocab) for w, _, _ in words(_text(record['question']))]
+  question = question[: cfg['question_len'] - 2]
+  context = words(_text(record['context']))
+  answers = record['answers']
+  start_char = int(np.asarray(answers['answer_start']).reshape(-1)[0])
+  answer = _text(np.asarray(answers['text']).reshape(-1)[0])
+  end_char = start_char + max(len(answer), 1)
+  inside = [i for i, (_, b, e) in enumerate(context) if b < end_char and e > start_char]
+  room = length - len(question) - 3
+  first = len(question) + 2  # the context's first position
+  start = end = 0
+  offset = 0
+  if inside:
+    stride = max(room // 2, 1)
+    offset = next(
+      (o for o in range(0, len(context), stride) if o <= inside[0] and inside[-1] < o + room),
+      0,
+    )
+    if offset <= inside[0] and inside[-1] < offset + room:
+      start, end = first + inside[0] - offset, first + inside[-1] - offset
+  window = [word_id(w, vocab) for w, _, _ in context[offset : offset + room]]
+  ids = [CLS, *question, SEP, *window, SEP]
+  tokens = np.array(ids + [PAD] * (length - len(ids)), np.int32)
+  segments = np.zeros(length, np.int32)
+  segments[first : len(ids)] = 1
+  return {
+    'tokens': tokens,
+    'segments': segments,
+    'start_positions': np.int32(start),
+    'end_positions': np.int32(end),
+  }
+
+
+def pair(first: str, second: str | None, vocab: int, length: int) -> tuple[np.ndarray, ...]:
+  """[CLS] a [SEP] (b [SEP]) as BERT's classifiers read them: the longer sentence cut a word at a
+  time until both fit (truncate_seq_pair), segment 1 for b, padded with PAD."""
+  a = [word_id(w, vocab) for w, _, _ in words(first)]
+  b = [word_id(w, vocab) for w, _, _ in words(second)] if second is not None else []
+  room = length - (3 if second is not None else 2)
+  while len(a) + len(b) > room:
+    (a if len(a) >= len(b) else b).pop()
+  ids = [CLS, *a, SEP] + ([*b, SEP] if second is not None else [])
+  tokens = np.array(ids + [PAD] * (length - len(ids)), np.int32)
+  segments = np.zeros(length, np.int32)
+  segments[len(a) + 2 : len(ids)] = 1
+  return tokens, segments
+
+
+def _glue(fields: tuple[str, ...], regression: bool = False):
+  def example(record, cfg, rng) -> Example:
+    del rng
+    texts = [_text(record[f]) for f in fields]
+    tokens, segments = pair(
+      texts[0], texts[1] if len(texts) > 1 else None, cfg['vocab'], cfg['seq_len']
+    )
+    label = np.float32(record['label']) if regression else np.int32(record['label'])
+    return {'tokens': tokens, 'segments': segments, 'labels': label}
+
+  return example
+
+
+HASHED = 'words hashed into the vocabulary (CRC32), a stand-in for the original tokenizer'
+RECIPES: dict[str, Recipe] = {
+  'nasnet_large': Recipe(
+    'imagenet2012',
+    'train',
+    _imagenet,
+    'random crop (5-100% of the area, aspect 3/4-4/3) resized bilinearly to image_size, random '
+    'flip, pixels in [-1, 1] (slim inception preprocessing without its colour distortion)',
+  ),
+  # The version named: TFDS then reads the prepared files without the builder's code, which
+  # imports TensorFlow.
+  'yolov3': Recipe(
+    'coco/2017:1.1.0',
+    'train',
+    _coco,
+    'the whole image resized to image x image, random flip, pixels in [0, 1], up to max_boxes '
+    'non-crowd boxes in random order as (cx, cy, w, h) (darknet without jitter and HSV)',
+  ),
+  'bert_squad': Recipe(
+    'squad/v1.1',
+    'train',
+    _squad,
+    f'[CLS] question [SEP] context window [SEP], the answer span in tokens; {HASHED}',
+  ),
+  'transformer_big': Recipe(
+    'wmt16_translate/de-en',
+    'train',
+    _translation('en', 'de', ('vocab', 'vocab')),
+    f'English to German, each sentence cut to its length, EOS, padded; {HASHED}',
+  ),
+  'conv_seq2seq': Recipe(
+    'wmt14_translate/de-en',
+    'train',
+    _translation('en', 'de', ('src_vocab', 'tgt_vocab')),
+    f'English to German, each sentence cut to its length, EOS, padded; {HASHED}',
+  ),
+  'mt_dnn': Recipe(
+    'glue',
+    'train',
+    None,
+    f'[CLS] a [SEP] b [SEP], the longer sentence cut first, per GLUE task; {HASHED}',
+    parts=tuple(
+      (task, Recipe(f'glue/{config}', 'train', _glue(fields, task == 'stsb'), ''))
+      for task, config, fields in (
+        ('mnli', 'mnli', ('premise', 'hypothesis')),
+        ('rte', 'rte', ('sentence1', 'sentence2')),
+        ('qqp', 'qqp', ('question1', 'question2')),
+        ('qnli', 'qnli', ('question', 'sentence')),
+        ('mrpc', 'mrpc', ('sentence1', 'sentence2')),
+        ('sst', 'sst2', ('sentence',)),
+        ('cola', 'cola', ('sentence',)),
+        ('stsb', 'stsb', ('sentence1', 'sentence2')),
+      )
+    ),
+  ),
+}
+
+
+def recipe(workload: str) -> Recipe:
+  """The recipe of `workload`; DataError naming the wired workloads when it has none."""
+  if workload not in RECIPES:
+    raise DataError(
+      f'--data=tfds: {workload} has no TFDS dataset wired; it reads: '
+      + ', '.join(f'{w} ({r.dataset})' for w, r in sorted(RECIPES.items()))
+    )
+  return RECIPES[workload]

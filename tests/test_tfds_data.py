@@ -1,0 +1,377 @@
+"""--data=tfds: training on a workload's TFDS dataset with the original's preprocessing, on
+TFDS's mock data (an image and a text workload); the bad cases are one line and status 2.
+
+tensorflow-datasets is the optional extra `data`: the tests that read through it skip without it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from jaxbench.train import recipes, tfds_data
+from models import precision, registry
+from tests.test_train import one_line_error
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The command line inside TFDS's mock data: records drawn from each dataset's features.
+MOCKED = """
+import sys
+import tensorflow_datasets as tfds
+from absl import app
+from jaxbench import cli, main
+with tfds.testing.mock_data(num_examples=int(sys.argv.pop(1)),
+                            policy=tfds.testing.MockPolicy.USE_CODE):
+  app.run(main.main, flags_parser=cli.flags_parser('jaxbench'))
+"""
+# The command line with tensorflow-datasets missing, installed or not.
+WITHOUT_TFDS = """
+import sys
+sys.modules['tensorflow_datasets'] = None
+from absl import app
+from jaxbench import cli, main
+app.run(main.main, flags_parser=cli.flags_parser('jaxbench'))
+"""
+
+
+def jaxbench(*args, script=None, timeout=600):
+  command = (
+    [sys.executable, '-m', 'jaxbench.main'] if script is None else [sys.executable, '-c', script]
+  )
+  return subprocess.run(
+    [*command, *args],
+    cwd=ROOT,
+    env=os.environ.copy(),
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
+
+
+def mocked(records, *args):
+  pytest.importorskip('tensorflow_datasets')
+  return jaxbench(str(records), *args, script=MOCKED)
+
+
+def last_record(path):
+  with open(path) as f:
+    return json.loads(f.read().splitlines()[-1])
+
+
+@pytest.fixture(scope='module')
+def cache(tmp_path_factory):
+  return f'--compilation_cache_dir={tmp_path_factory.mktemp("compilation_cache")}'
+
+
+def test_tfds_feeds_training_runs_only():
+  one_line_error(
+    jaxbench('--model=nasnet_large', '--tiny', '--data=tfds', '--check'), 'give --train_steps'
+  )
+  one_line_error(
+    jaxbench('--model=nasnet_large', '--tiny', '--train_steps=1', '--data_dir=/tmp', '--check'),
+    'give --data=tfds',
+  )
+
+
+def test_a_workload_without_a_dataset_lists_those_with_one():
+  r = jaxbench('--model=stylegan', '--tiny', '--train_steps=1', '--data=tfds', '--check')
+  one_line_error(r, 'stylegan has no TFDS dataset wired')
+  assert 'nasnet_large (imagenet2012)' in r.stderr and 'bert_squad (squad/v1.1)' in r.stderr
+
+
+def test_without_the_extra_one_line_names_it():
+  r = jaxbench(
+    '--model=nasnet_large',
+    '--tiny',
+    '--train_steps=1',
+    '--data=tfds',
+    '--check',
+    script=WITHOUT_TFDS,
+  )
+  one_line_error(r, "pip install 'jaxbench[data]'")
+
+
+def test_a_dataset_not_prepared_says_how_to_prepare_it(tmp_path):
+  pytest.importorskip('tensorflow_datasets')
+  r = jaxbench(
+    '--model=bert_squad',
+    '--tiny',
+    '--train_steps=1',
+    '--data=tfds',
+    f'--data_dir={tmp_path}',
+    '--check',
+  )
+  one_line_error(r, f'squad/v1.1 (train) is not prepared in {tmp_path}')
+  assert 'tfds build squad/v1.1 --file_format=array_record' in r.stderr
+
+
+def _trained(record, workload, dataset, steps):
+  assert record['status'] == 'ok', record['error']
+  t = record['train']
+  assert t['step'] == steps and all(np.isfinite(loss) for _, loss in t['loss_curve'])
+  data = t['data']
+  assert (data['source'], data['dataset'], data['position']) == ('tfds', dataset, steps)
+  bound = t['input']
+  assert bound['real_over_synthetic'] == pytest.approx(
+    bound['median_synthetic_step_s'] / bound['median_real_step_s']
+  )
+  assert bound['input_bound'] == (bound['real_over_synthetic'] < 0.9)
+  assert bound['synthetic_steps'] == 20 and bound['median_wait_s'] >= 0
+
+
+def test_bert_squad_trains_on_mock_squad_and_says_whether_input_bound(tmp_path, cache):
+  out = tmp_path / 'r.jsonl'
+  r = mocked(
+    5,
+    '--model=bert_squad',
+    '--tiny',
+    '--batch_size=4',
+    '--train_steps=4',
+    '--data=tfds',
+    f'--output={out}',
+    cache,
+  )
+  assert r.returncode == 0, r.stderr
+  _trained(last_record(out), 'bert_squad', 'squad/v1.1', 4)
+  assert 'of the synthetic steps/s' in r.stdout and 'the bottleneck' in r.stdout
+
+
+def test_a_resumed_run_reads_the_batches_of_an_uninterrupted_one(tmp_path, cache):
+  run = ('--model=bert_squad', '--tiny', '--batch_size=4', '--log_every=1', '--data=tfds', cache)
+  whole, half = tmp_path / 'whole.jsonl', tmp_path / 'half.jsonl'
+  # 7 records in batches of 4: the second epoch starts inside the second batch.
+  assert mocked(7, *run, '--train_steps=6', f'--output={whole}').returncode == 0
+  ckpt = f'--checkpoint_dir={tmp_path / "ckpt"}'
+  assert mocked(7, *run, '--train_steps=3', ckpt).returncode == 0
+  r = mocked(7, *run, '--train_steps=6', ckpt, f'--output={half}')
+  assert r.returncode == 0, r.stderr
+  resumed = last_record(half)['train']
+  assert resumed['resumed_from'] == 3 and resumed['data']['position'] == 6
+  np.testing.assert_allclose(
+    [loss for _, loss in resumed['loss_curve']],
+    [loss for _, loss in last_record(whole)['train']['loss_curve']],
+    rtol=1e-6,
+  )
+
+
+@pytest.mark.slow
+def test_nasnet_trains_on_mock_imagenet(tmp_path, cache):
+  out = tmp_path / 'r.jsonl'
+  r = mocked(
+    6,
+    '--model=nasnet_large',
+    '--tiny',
+    '--batch_size=4',
+    '--train_steps=3',
+    '--data=tfds',
+    f'--output={out}',
+    cache,
+  )
+  assert r.returncode == 0, r.stderr
+  _trained(last_record(out), 'nasnet_large', 'imagenet2012', 3)
+
+
+def test_synthetic_checkpoints_are_not_resumed_on_real_data(tmp_path, cache):
+  ckpt = f'--checkpoint_dir={tmp_path / "ckpt"}'
+  run = ('--model=bert_squad', '--tiny', '--batch_size=4', '--train_steps=2', ckpt, cache)
+  assert jaxbench(*run).returncode == 0
+  r = mocked(5, *run[:-3], '--train_steps=4', ckpt, '--data=tfds', cache)
+  # Found when the checkpoint is read, after the run's first line.
+  assert r.returncode == 2, r.stderr
+  last = r.stderr.strip().splitlines()[-1]
+  assert last.startswith('jaxbench: error: --data=tfds: the checkpoints in '), r.stderr
+  assert last.endswith('were trained on synthetic batches') and 'Traceback' not in r.stderr
+
+
+def _source(workload, records, examples=3, seed=(7, 9)):
+  tfds = pytest.importorskip('tensorflow_datasets')
+  w = registry.get(workload)
+  cfg = w.resolve(tiny=True, overrides={})
+  recipe = recipes.recipe(workload)
+  with tfds.testing.mock_data(num_examples=records, policy=tfds.testing.MockPolicy.USE_CODE):
+    source = tfds_data.Tfds(recipe, cfg, tfds_data.open_records(recipe, None), examples, seed)
+  trainer = w.trainer(cfg, precision.get(w.default_precision))
+  return source, jax.eval_shape(lambda k: trainer.make_batch(k, examples), jax.random.key(0))
+
+
+@pytest.mark.parametrize('workload,records', [('nasnet_large', 5), ('bert_squad', 4)])
+def test_batches_have_the_synthetic_shapes_and_follow_the_position(workload, records):
+  source, shapes = _source(workload, records)
+  try:
+    first = source.host_batch(1)
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), first) == jax.tree.map(
+      lambda s: (s.shape, s.dtype), dict(shapes)
+    )
+    # A resumed run reads what an uninterrupted one would: a batch is its position's alone.
+    again, _ = _source(workload, records)
+    jax.tree.map(np.testing.assert_array_equal, again.host_batch(1), first)
+    again.close()
+    other = source.host_batch(2)
+    assert any(not np.array_equal(first[k], other[k]) for k in first)
+    on_device = source.batch(1)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(on_device), first)
+  finally:
+    source.close()
+
+
+def test_every_record_is_read_once_an_epoch():
+  source, _ = _source('nasnet_large', 5)
+  source.close()
+  assert sorted(source._record(k) for k in range(5)) == list(range(5))
+  assert sorted(source._record(k) for k in range(5, 10)) == list(range(5))
+  assert [source._record(k) for k in range(5)] != [source._record(k) for k in range(5, 10)]
+
+
+def test_images_are_crops_in_minus_one_to_one():
+  rng = np.random.default_rng(0)
+  image = np.zeros((40, 60, 3), np.uint8)
+  image[:, :30] = 255  # the left half white, the right half black
+  pixels = recipes.crop_resize_flip(image, 16, rng)
+  assert pixels.shape == (16, 16, 3) and pixels.dtype == np.float32
+  assert pixels.min() >= -1.0 and pixels.max() <= 1.0
+  crops = [recipes.crop_resize_flip(image, 16, rng) for _ in range(8)]
+  assert len({c.tobytes() for c in crops}) == 8  # random crops and flips
+
+
+def test_squad_answer_span_points_at_the_answer_words():
+  cfg = dict(seq_len=24, question_len=8, vocab=128)
+  context = 'The cat sat on the mat while the dog slept in the warm sun by the door today.'
+  record = {
+    'question': b'Where did the cat sit?',
+    'context': context.encode(),
+    'answers': {
+      'text': np.array([b'the mat']),
+      'answer_start': np.array([context.index('the mat')]),
+    },
+  }
+  ex = recipes.RECIPES['bert_squad'].example(record, cfg, None)
+  tokens = ex['tokens']
+  assert tokens[0] == recipes.CLS and tokens.shape == (24,)
+  question = [recipes.word_id(w, 128) for w in ('where', 'did', 'the', 'cat', 'sit', '?')]
+  assert list(tokens[1:7]) == question and tokens[7] == recipes.SEP
+  assert list(ex['segments'][:8]) == [0] * 8 and ex['segments'][8] == 1
+  start, end = int(ex['start_positions']), int(ex['end_positions'])
+  assert list(tokens[start : end + 1]) == [recipes.word_id(w, 128) for w in ('the', 'mat')]
+
+
+def test_squad_answer_outside_every_window_points_at_cls():
+  cfg = dict(seq_len=12, question_len=4, vocab=64)
+  context = ' '.join(f'w{i}' for i in range(40)) + ' answer'
+  record = {
+    'question': 'q',
+    'context': context,
+    'answers': {'text': np.array(['w1 w2 w3 w4 w5 w6 w7 w8 w9']), 'answer_start': np.array([3])},
+  }
+  ex = recipes.RECIPES['bert_squad'].example(record, cfg, None)
+  assert int(ex['start_positions']) == 0 and int(ex['end_positions']) == 0
+
+
+def test_translation_pairs_end_with_eos_and_shift_the_target():
+  cfg = dict(src_len=6, tgt_len=5, vocab=50)
+  ex = recipes.RECIPES['transformer_big'].example(
+    {'en': b'Hello, world!', 'de': b'Hallo Welt, wie geht es dir heute?'}, cfg, None
+  )
+  ids = [recipes.word_id(w, 50) for w in ('hello', ',', 'world', '!')]
+  assert list(ex['source']) == [*ids, recipes.EOS, recipes.PAD]
+  assert ex['target'][-1] == recipes.EOS and recipes.PAD not in ex['target']  # cut
+  assert list(ex['target_in']) == [recipes.EOS, *ex['target'][:-1]]
+  assert all(recipes.FIRST_WORD <= i < 50 for i in ids)
+
+
+def _coco_record(rng, boxes, labels, crowd):
+  h, w = rng.integers(20, 50, 2)
+  return {
+    'image': rng.integers(0, 256, (h, w, 3), np.uint8),
+    'objects': {
+      'bbox': np.array(boxes, np.float32).reshape(-1, 4),
+      'label': np.array(labels, np.int64),
+      'is_crowd': np.array(crowd, bool),
+    },
+  }
+
+
+def test_coco_boxes_become_centre_size_fractions_and_follow_the_flip():
+  cfg = dict(image=16, max_boxes=4, classes=80)
+  # [ymin, xmin, ymax, xmax]: one box, one crowd region, one empty box.
+  record = _coco_record(
+    np.random.default_rng(0),
+    [[0.1, 0.2, 0.5, 0.3], [0, 0, 1, 1], [0.4, 0.4, 0.4, 0.6]],
+    [7, 1, 2],
+    [False, True, False],
+  )
+  seen = set()
+  for seed in range(8):
+    ex = recipes.RECIPES['yolov3'].example(record, cfg, np.random.default_rng(seed))
+    assert ex['images'].shape == (16, 16, 3) and 0 <= ex['images'].min() <= ex['images'].max() <= 1
+    assert list(ex['valid']) == [True, False, False, False] and ex['classes'][0] == 7
+    cx = float(ex['boxes'][0, 0])
+    assert cx == pytest.approx(0.25) or cx == pytest.approx(0.75)  # flipped or not
+    np.testing.assert_allclose(ex['boxes'][0, 1:], [0.3, 0.1, 0.4], atol=1e-6)
+    seen.add(round(cx, 2))
+  assert seen == {0.25, 0.75}
+
+
+def test_yolov3_batches_from_records_have_the_synthetic_shapes():
+  """Any random-access sequence of records feeds the source (TFDS's coco needs TensorFlow for
+  its mock data; its ArrayRecord files, once built, do not)."""
+  rng = np.random.default_rng(1)
+  records = [
+    _coco_record(rng, rng.uniform(0, 1, (k, 4)), rng.integers(0, 80, k), np.zeros(k, bool))
+    for k in (0, 3, 12)
+  ]
+  w = registry.get('yolov3')
+  cfg = w.resolve(tiny=True, overrides={})
+  source = tfds_data.Tfds(recipes.recipe('yolov3'), cfg, records, 4, (3,))
+  try:
+    batch = jax.device_get(source.batch(0))
+  finally:
+    source.close()
+  trainer = w.trainer(cfg, precision.get(w.default_precision))
+  shapes = jax.eval_shape(lambda k: trainer.make_batch(k, 4), jax.random.key(0))
+  assert jax.tree.map(lambda a: (a.shape, a.dtype), batch) == jax.tree.map(
+    lambda s: (s.shape, s.dtype), dict(shapes)
+  )
+
+
+def test_glue_pairs_cut_the_longer_sentence_first():
+  tokens, segments = recipes.pair('one two three four five', 'six seven', 64, 9)
+  ids = lambda text: [recipes.word_id(w, 64) for w in text.split()]  # noqa: E731
+  cls, sep = recipes.CLS, recipes.SEP
+  assert list(tokens) == [cls, *ids('one two three four'), sep, *ids('six seven'), sep]
+  assert list(segments) == [0] * 6 + [1] * 3
+  tokens, segments = recipes.pair('one', None, 64, 5)
+  assert list(tokens) == [cls, *ids('one'), sep, 0, 0] and not segments.any()
+
+
+def test_mt_dnn_batches_hold_every_glue_task_at_the_synthetic_shapes():
+  w = registry.get('mt_dnn')
+  cfg = w.resolve(tiny=True, overrides={})
+  r = recipes.recipe('mt_dnn')
+  fields = {
+    'mnli': ('premise', 'hypothesis'), 'rte': ('sentence1', 'sentence2'),
+    'qqp': ('question1', 'question2'), 'qnli': ('question', 'sentence'),
+    'mrpc': ('sentence1', 'sentence2'), 'sst': ('sentence',), 'cola': ('sentence',),
+    'stsb': ('sentence1', 'sentence2'),
+  }  # fmt: skip
+  records = {
+    task: [{**{f: f'{task} {f} {i} words' for f in names}, 'label': i % 2} for i in range(3)]
+    for task, names in fields.items()
+  }
+  source = tfds_data.source(r, cfg, records, 2, (5,))
+  try:
+    batch = jax.device_get(source.batch(0))
+    described = source.describe(1)
+  finally:
+    source.close()
+  trainer = w.trainer(cfg, precision.get(w.default_precision))
+  shapes = jax.eval_shape(lambda k: trainer.make_batch(k, 2), jax.random.key(0))
+  assert jax.tree.map(lambda a: (a.shape, a.dtype), batch) == jax.tree.map(
+    lambda s: (s.shape, s.dtype), dict(shapes)
+  )
+  assert batch['sst']['segments'].sum() == 0 and batch['mnli']['segments'].sum() > 0
+  assert described['parts']['stsb']['dataset'] == 'glue/stsb'
+  assert described['parts']['sst']['dataset'] == 'glue/sst2'
