@@ -104,6 +104,13 @@ class Args:
   autotune_log: str | None = None
   triton_gemm: bool = False
   progress_file: str | None = None
+  # flags/parallel.py
+  devices: str = '1'
+  shard_optimizer: bool = False
+  scaling: bool = False
+  coordinator_address: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,6 +250,26 @@ def _files(a: Args) -> None:
       raise UsageError('--progress_file and --output must be different files')
 
 
+def _devices(a: Args, workloads, overrides) -> int:
+  """--devices as a count of this process's devices; a --batch_size that splits over them."""
+  from jaxbench.core import mesh  # pylint: disable=g-import-not-at-top
+
+  if a.devices != '1' and (a.gpu or a.memory_gb or a.gpus or a.predict or a.compile_for):
+    raise UsageError(
+      '--devices runs on this host\'s devices: not with a card to emulate or predict'
+    )
+  try:
+    n = mesh.local_count(a.devices)
+  except mesh.MeshError as e:
+    raise UsageError(str(e)) from None
+  for w in workloads if a.batch_size is not None else ():
+    try:
+      mesh.check_batch(a.batch_size // w.example_size(w.resolve(bool(a.tiny), dict(overrides))), n)
+    except mesh.MeshError as e:
+      raise UsageError(f'--batch_size={a.batch_size} of {w.name}: {e}') from None
+  return n
+
+
 def plan(a: Args) -> Plan:
   """Check the command line's values together; the plan of what to do."""
   from jaxbench.core import bench  # pylint: disable=g-import-not-at-top
@@ -277,6 +304,7 @@ def plan(a: Args) -> Plan:
         f'({w.example_size(cfg)} {w.unit})'
       )
   _files(a)
+  devices = _devices(a, workloads, overrides)
   options = bench.Options(
     precision=a.precision,
     tiny=bool(a.tiny),
@@ -294,6 +322,9 @@ def plan(a: Args) -> Plan:
     run_every_fit=a.run_every_fit,
     probe_autotune_level=a.probe_autotune_level,
     profile_dir=a.profile_dir,
+    devices=devices,
+    shard_optimizer=a.shard_optimizer,
+    scaling=a.scaling,
   )
   action = 'describe' if a.describe else 'check' if a.check else 'run'
   return Plan(action, workloads, options, a.remat, a.output, a.progress_file, tuple(warnings))
