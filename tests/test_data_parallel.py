@@ -148,7 +148,9 @@ def test_the_tables_and_the_command_show_devices_and_scaling():
   par = {'local_devices': 4, 'global_devices': 4, 'global_batch': 656, 'scaling': scaling}
   one, four = _run(search=fixed), _run(search=fixed, parallel={**par, 'processes': 1})
   assert records.devices(one) == '1' and records.devices(four) == '4 (85% scaling)'
-  rows = measured.table([one, four]).rows  # one device and four are two rows
+  table = measured.table([one, four])
+  rows = table.rows  # one device and four are two rows
+  assert measured.PARALLEL_NOTE in table.notes and measured.PARALLEL_NOTE not in measured.NOTES
   assert [r[3:5] for r in rows] == [
     ['fixed 164 images', '67.7 images/s'],
     ['fixed 164 images per device × 4 devices', '67.7 images/s (85% scaling)'],

@@ -41,6 +41,12 @@ USER_FLAGS = {
   'store',
   'cell_timeout_s',
   'retry_failed',
+  'devices',
+  'shard_optimizer',
+  'scaling',
+  'coordinator_address',
+  'num_processes',
+  'process_id',
 }
 ADVANCED_FLAGS = {
   'remat',
@@ -177,5 +183,5 @@ def test_each_flag_module_defines_its_group():
   by_module = {m: {f.name for f in fl} for m, fl in flags.FLAGS.flags_by_module_dict().items()}
   assert by_module[advanced_flags.__name__] == ADVANCED_FLAGS
   user = by_module['flags.run'] | by_module['flags.search'] | by_module['flags.sweep']
-  user |= by_module['flags.store']
+  user |= by_module['flags.store'] | by_module['flags.parallel']
   assert user == USER_FLAGS

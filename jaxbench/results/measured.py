@@ -41,10 +41,13 @@ NOTES = [
   'form: empty where the command runs the recorded program today; "earlier form" names what the '
   'recorded program had that today\'s workload does not (its revision, config keys or values), '
   'which the command ran as of that revision.',
+]
+# Shown only below a table with data-parallel runs.
+PARALLEL_NOTE = (
   'data-parallel runs (--devices): "N per device × D devices" is the max batch of each of D '
   'devices, the throughput theirs together, and "(E% scaling)" its ratio to D times one device\'s '
-  'at the same per-device batch (--scaling).',
-]
+  'at the same per-device batch (--scaling).'
+)
 
 
 def is_measured(r: dict[str, Any]) -> bool:
@@ -192,14 +195,16 @@ def split(results: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
 
 def table(results: Iterable[dict[str, Any]]) -> tables.Table:
   """The max batch and throughput of each workload, precision and memory, with its command."""
-  rows = [row(r) for r in split(results)[0]]
-  return tables.Table(TITLE, list(HEADER), rows, list(NOTES), code=('command',))
+  chosen = split(results)[0]
+  notes = NOTES + [PARALLEL_NOTE] * any(_devices(r) > 1 for r in chosen)
+  return tables.Table(TITLE, list(HEADER), [row(r) for r in chosen], notes, code=('command',))
 
 
 def others(results: Iterable[dict[str, Any]]) -> tables.Table:
   """Every other measured run, the latest of each program, memory and batch, with its command."""
-  rows = [row(r) for r in split(results)[1]]
-  return tables.Table(OTHER_TITLE, list(HEADER), rows, [], code=('command',))
+  chosen = split(results)[1]
+  notes = [PARALLEL_NOTE] * any(_devices(r) > 1 for r in chosen)
+  return tables.Table(OTHER_TITLE, list(HEADER), [row(r) for r in chosen], notes, code=('command',))
 
 
 def measured_on(results: Iterable[dict[str, Any]]) -> str:
