@@ -250,26 +250,6 @@ def _files(a: Args) -> None:
       raise UsageError('--progress_file and --output must be different files')
 
 
-def _devices(a: Args, workloads, overrides) -> int:
-  """--devices as a count of this process's devices; a --batch_size that splits over them."""
-  from jaxbench.core import mesh  # pylint: disable=g-import-not-at-top
-
-  if a.devices != '1' and (a.gpu or a.memory_gb or a.gpus or a.predict or a.compile_for):
-    raise UsageError(
-      '--devices runs on this host\'s devices: not with a card to emulate or predict'
-    )
-  try:
-    n = mesh.local_count(a.devices)
-  except mesh.MeshError as e:
-    raise UsageError(str(e)) from None
-  for w in workloads if a.batch_size is not None else ():
-    try:
-      mesh.check_batch(a.batch_size // w.example_size(w.resolve(bool(a.tiny), dict(overrides))), n)
-    except mesh.MeshError as e:
-      raise UsageError(f'--batch_size={a.batch_size} of {w.name}: {e}') from None
-  return n
-
-
 def plan(a: Args) -> Plan:
   """Check the command line's values together; the plan of what to do."""
   from jaxbench.core import bench  # pylint: disable=g-import-not-at-top
@@ -304,7 +284,14 @@ def plan(a: Args) -> Plan:
         f'({w.example_size(cfg)} {w.unit})'
       )
   _files(a)
-  devices = _devices(a, workloads, overrides)
+  from jaxbench.core import mesh  # pylint: disable=g-import-not-at-top
+
+  sizes = {w.name: w.example_size(w.resolve(bool(a.tiny), dict(overrides))) for w in workloads}
+  cards = bool(a.gpu or a.memory_gb or a.gpus or a.predict or a.compile_for)
+  try:
+    devices = mesh.plan(a.devices, a.batch_size, sizes, cards)
+  except mesh.MeshError as e:
+    raise UsageError(str(e)) from None
   options = bench.Options(
     precision=a.precision,
     tiny=bool(a.tiny),

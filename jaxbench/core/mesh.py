@@ -139,6 +139,21 @@ def check_batch(examples: int, per_process: int) -> None:
     )
 
 
+def plan(devices: str, batch_size: int | None, sizes: dict[str, int], cards: bool) -> int:
+  """--devices as a count of this process's devices, checked against the rest of the command:
+  no card emulated or predicted (`cards`), a --batch_size that splits evenly over the devices of
+  every workload (`sizes`: a name's example size, in its unit)."""
+  if devices != '1' and cards:
+    raise MeshError('--devices runs on this host\'s devices: not with a card to emulate or predict')
+  n = local_count(devices)
+  for name, size in sizes.items() if batch_size is not None else ():
+    try:
+      check_batch(batch_size // size, n)
+    except MeshError as e:
+      raise MeshError(f'--batch_size={batch_size} of {name}: {e}') from None
+  return n
+
+
 def _in_optimizer(path) -> bool:
   return any('opt_state' in (getattr(k, 'name', None), getattr(k, 'key', None)) for k in path)
 
