@@ -164,6 +164,10 @@ def test_bad_device_counts_are_one_line_and_status_2():
     (['--devices=0'], 'flag --devices=0: must be "all" or a whole number of devices, at least 1'),
     (['--devices=3'], '--devices=3: this process has 2 CPU devices'),
     (
+      ['--devices=2', '--gpu=t4'],
+      "--devices runs on this host's devices: not with a card to emulate or predict",
+    ),
+    (
       ['--devices=all', '--batch_size=3'],
       '--batch_size=3 of bert_base: 3 examples do not split evenly over 2 devices: give a '
       'multiple of 2 examples',
