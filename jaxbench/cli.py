@@ -116,6 +116,13 @@ class Args:
   framework: str = 'jax'
   frameworks: tuple[str, ...] = ()
   torch_compile: bool = False
+  # flags/parallel.py
+  devices: str = '1'
+  shard_optimizer: bool = False
+  scaling: bool = False
+  coordinator_address: str | None = None
+  num_processes: int | None = None
+  process_id: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,9 +304,16 @@ def plan(a: Args) -> Plan:
         f'({w.example_size(cfg)} {w.unit})'
       )
   _files(a)
+  from jaxbench.core import mesh  # pylint: disable=g-import-not-at-top
   from jaxbench.train import options as train_options  # pylint: disable=g-import-not-at-top
 
   train = train_options.plan(a, workloads[0], cfg)
+  sizes = {w.name: w.example_size(w.resolve(bool(a.tiny), dict(overrides))) for w in workloads}
+  cards = bool(a.gpu or a.memory_gb or a.gpus or a.predict or a.compile_for)
+  try:
+    devices = mesh.plan(a.devices, a.batch_size, sizes, cards)
+  except mesh.MeshError as e:
+    raise UsageError(str(e)) from None
   options = bench.Options(
     precision=a.precision,
     tiny=bool(a.tiny),
@@ -317,6 +331,9 @@ def plan(a: Args) -> Plan:
     run_every_fit=a.run_every_fit,
     probe_autotune_level=a.probe_autotune_level,
     profile_dir=a.profile_dir,
+    devices=devices,
+    shard_optimizer=a.shard_optimizer,
+    scaling=a.scaling,
   )
   action = 'describe' if a.describe else 'check' if a.check else 'run'
   return Plan(

@@ -15,6 +15,7 @@ import sys
 from absl import app, flags
 
 from flags import advanced as advanced_flags  # noqa: F401  (defines the advanced flags)
+from flags import parallel as parallel_flags
 from flags import pytorch as pytorch_flags
 from flags import run as run_flags
 from flags import search as search_flags
@@ -27,7 +28,15 @@ from jaxbench.results import store
 
 # Intentionally kept short: the flags are read once, into cli.Args, and the work dispatched.
 FLAGS = flags.FLAGS
-for _module in (run_flags, search_flags, sweep_flags, store_flags, train_flags, pytorch_flags):
+for _module in (
+  run_flags,
+  search_flags,
+  sweep_flags,
+  store_flags,
+  train_flags,
+  pytorch_flags,
+  parallel_flags,
+):
   flags.adopt_module_key_flags(_module)  # what --helpshort lists
 
 
@@ -60,7 +69,7 @@ def main(argv: list[str]) -> int:
     from jaxbench.pytorch import frameworks  # pylint: disable=g-import-not-at-top
 
     return frameworks.main(args, fail)
-  from jaxbench.core import backend  # pylint: disable=g-import-not-at-top
+  from jaxbench.core import backend, mesh  # pylint: disable=g-import-not-at-top
   from jaxbench.pytorch import usage  # pylint: disable=g-import-not-at-top
 
   torch_run = args.framework == 'pytorch'
@@ -82,7 +91,9 @@ def main(argv: list[str]) -> int:
       args.autotune_cache_dir,
       args.autotune_log,
     )
-  except backend.BackendError as e:
+    hosts = mesh.Hosts(args.coordinator_address, args.num_processes, args.process_id)
+    mesh.start(args.devices, hosts)  # which GPUs JAX sees, and the other hosts: before it starts
+  except (backend.BackendError, mesh.MeshError) as e:
     fail(str(e))
   from jaxbench import describe  # pylint: disable=g-import-not-at-top
   from jaxbench.core import bench, runner  # pylint: disable=g-import-not-at-top

@@ -51,6 +51,12 @@ USER_FLAGS = {
   'log_every',
   'data',
   'data_dir',
+  'devices',
+  'shard_optimizer',
+  'scaling',
+  'coordinator_address',
+  'num_processes',
+  'process_id',
 }
 ADVANCED_FLAGS = {
   'remat',
@@ -188,4 +194,5 @@ def test_each_flag_module_defines_its_group():
   assert by_module[advanced_flags.__name__] == ADVANCED_FLAGS
   user = by_module['flags.run'] | by_module['flags.search'] | by_module['flags.sweep']
   user |= by_module['flags.store'] | by_module['flags.pytorch'] | by_module['flags.train']
+  user |= by_module['flags.parallel']
   assert user == USER_FLAGS

@@ -266,6 +266,7 @@ def plan(**kw):
     (dict(framework='pytorch', profile_dir='x'), '--profile_dir is for JAX runs'),
     (dict(framework='pytorch', run_every_fit=False), '--norun_every_fit is for JAX runs'),
     (dict(framework='pytorch', train_steps=5), '--train_steps is for JAX runs'),
+    (dict(framework='pytorch', devices='2'), '--devices, --shard_optimizer and --scaling are for'),
   ],
 )
 def test_the_plan_refuses_what_a_pytorch_run_cannot_do(kw, says, toy):

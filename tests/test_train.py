@@ -163,6 +163,7 @@ def test_a_checkpoint_of_another_config_is_refused_in_one_line(tmp_path, check):
     (['--train_steps=5', '--gpus=lambda2020'], 'not with --gpus'),
     (['--train_steps=5', '--gpu=v100', '--predict'], 'not with --predict'),
     (['--train_steps=5', '--model=bert_base,transformer_big'], 'give one --model'),
+    (['--train_steps=5', '--devices=2'], 'not with --devices'),
     (['--train_steps=5', '--checkpoint_dir=/proc/jaxbench'], '--checkpoint_dir: cannot create'),
   ],
 )

@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from jaxbench.cards import catalog, deviceless, emulation
-from jaxbench.core import bench, hints, search
+from jaxbench.core import bench, hints, mesh, search
 from jaxbench.core import program as prog
 from jaxbench.results import store
 from models import precision
@@ -74,7 +74,9 @@ def predict(
   """
   policy = precision.get(opts.precision or w.default_precision)
   cfg = w.resolve(tiny=opts.tiny, overrides=dict(opts.overrides))
-  program = prog.Program(w, cfg, policy, seed=opts.seed, target=target)
+  # On the device, the program a run compiles (a mesh of one device): one compilation cache entry.
+  layout = None if target is not None else mesh.Layout.local(1)
+  program = prog.Program(w, cfg, policy, seed=opts.seed, target=target, layout=layout)
   memo = PeakMemo(program)
   dev = bench.device_info() if target is None else deviceless.device_info(target)
   header = {

@@ -46,12 +46,14 @@ class MemorySetup:
 
 
 def gpu_total_bytes() -> int | None:
-  """Memory of GPU 0 from nvidia-smi, read without starting JAX; None without a GPU."""
+  """Memory of the first GPU this process may use (CUDA_VISIBLE_DEVICES' first, else GPU 0)
+  from nvidia-smi, read without starting JAX; None without a GPU."""
   if os.environ.get('JAX_PLATFORMS', '').lower() in ('cpu',) or not shutil.which('nvidia-smi'):
     return None
+  first = (os.environ.get('CUDA_VISIBLE_DEVICES') or '0').split(',')[0].strip() or '0'
   try:
     out = subprocess.run(
-      ['nvidia-smi', '--query-gpu=memory.total', '--format=csv,noheader,nounits', '-i', '0'],
+      ['nvidia-smi', '--query-gpu=memory.total', '--format=csv,noheader,nounits', '-i', first],
       capture_output=True,
       text=True,
       timeout=30,

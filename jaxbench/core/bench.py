@@ -11,7 +11,7 @@ from typing import Any
 import jax
 
 import jaxbench
-from jaxbench.core import backend, environment, hints, search, timing
+from jaxbench.core import backend, environment, hints, mesh, search, timing
 from jaxbench.core import program as prog
 from jaxbench.core import progress as display
 from jaxbench.results import records as report
@@ -48,6 +48,11 @@ class Options:
   probe_autotune_level: int | None = None
   # Write a jax.profiler trace of one window of the timed steps here (timing.measure).
   profile_dir: str | None = None
+  # Data parallelism (mesh.py): this process's devices in the mesh; the optimizer state split
+  # over them (ZeRO-1); one device timed too at the same per-device batch, for the scaling.
+  devices: int = 1
+  shard_optimizer: bool = False
+  scaling: bool = False
 
 
 class Interrupted(KeyboardInterrupt):
@@ -63,7 +68,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 def device_info() -> dict[str, Any]:
-  dev = jax.devices()[0]
+  dev = jax.local_devices()[0]
   stats = prog.device_memory() or {}
   return {
     'platform': dev.platform,
@@ -228,12 +233,14 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
     progress.changed()
     log(f'  {w.name}: batch {batch}: {what}')
 
-  program = prog.Program(w, cfg, policy, seed=opts.seed)
+  layout = mesh.Layout.local(opts.devices, opts.shard_optimizer)
+  program = prog.Program(w, cfg, policy, seed=opts.seed, layout=layout)
   result['params'] = program.param_counts()
+  result['parallel'] = layout.topology()
   progress.set_phase('searching' if opts.batch_size is None else 'compiling the fixed batch')
   if opts.batch_size is not None:
     result['search'] = {'mode': 'fixed'}
-    n = examples_for(w, cfg, opts.batch_size)
+    n = examples_for(w, cfg, opts.batch_size) // program.devices  # --batch_size is global
     start = time.perf_counter()
     trial, compiled = search.probe(
       program, n, budget, verify_predicted_oom=opts.verify_predicted_oom, on_phase=on_phase
@@ -337,8 +344,9 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
   m = timing.measure(
     program, found.best, opts.warmup_steps, opts.steps, opts.windows, opts.profile_dir
   )
-  flops_per_step = w.flops_per_example(cfg) * m.examples
-  units_per_step = w.units_per_example(cfg) * m.examples
+  flops_per_step = w.flops_per_example(cfg) * m.examples * program.devices
+  units_per_step = w.units_per_example(cfg) * m.examples * program.devices
+  result['parallel']['global_batch'] = m.examples * program.devices * w.example_size(cfg)
   result['measurement'] = {
     'batch': m.examples * w.example_size(cfg),
     'examples': m.examples,
@@ -363,7 +371,38 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
     for key in ('steps_per_s', 'units_per_s', 'tflops_per_s'):
       result['measurement'][key] = None
     return {**result, 'status': 'invalid', 'error': f'loss not finite after timing: {m.final_loss}'}
+  if opts.scaling and program.devices > 1:
+    progress.set_phase(f'timing one device at {result["max_batch"]} {w.unit}')
+    log(f'  {w.name}: {progress.phase}, for the scaling')
+    result['parallel']['scaling'] = scaling(
+      w, cfg, policy, opts, found.max_examples, result['measurement']['units_per_s'], layout.size
+    )
   return {**result, 'status': 'ok', 'error': None}
+
+
+def scaling(w, cfg, policy, opts, n: int, units_per_s: float, devices: int) -> dict[str, Any]:
+  """One device timed at n examples, the per-device batch of the run on `devices`; the
+  scaling efficiency is units/s at N / (N x units/s at 1)."""
+  one = mesh.Layout([jax.local_devices()[0]], opts.shard_optimizer)
+  program = prog.Program(w, cfg, policy, seed=opts.seed, layout=one)
+  try:
+    compiled = program.compile(n)
+    m = timing.measure(program, compiled, opts.warmup_steps, opts.steps, opts.windows)
+  except Exception as e:  # e.g. ZeRO-1's batch with the whole optimizer state on one device
+    prog.release()
+    return {
+      'source': 'same process',
+      'units_per_s_1': None,
+      'efficiency': None,
+      'error': prog.first_line(e),
+    }
+  single = w.units_per_example(cfg) * m.examples / m.median_step_s
+  return {
+    'source': 'same process',
+    'units_per_s_1': single,
+    'efficiency': units_per_s / (devices * single),
+    'error': None,
+  }
 
 
 def trial_line(w: wl.Workload, t: search.Trial) -> str:

@@ -59,6 +59,9 @@ def program_key(r: dict[str, Any]) -> str:
   fields['xla_flags'] = compiler_flags(r.get('xla_flags'))
   fields['config'] = r.get('config')
   fields['kind'] = (r.get('device') or {}).get('kind')
+  par = r.get('parallel') or {}  # a data-parallel step is another program (its collectives)
+  if par.get('global_devices', 1) > 1 or par.get('shard_optimizer'):
+    fields['parallel'] = [par.get('global_devices'), bool(par.get('shard_optimizer'))]
   return json.dumps(fields, sort_keys=True, default=str)
 
 

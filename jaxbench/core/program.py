@@ -12,6 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxbench.core import mesh
 from models import precision
 from models import workload as wl
 
@@ -75,18 +76,30 @@ class Program:
     policy: precision.Policy,
     seed: int = 0,
     target: Any = None,
+    layout: mesh.Layout | None = None,
   ):
-    """`target`: a device to compile for without running (jaxbench.cards.deviceless), or None."""
+    """`target`: a device to compile for without running (jaxbench.cards.deviceless), or None.
+
+    `layout`: the mesh to train data-parallel on (mesh.py); then `n`, in compile and
+    materialize, is the examples per device, and the batch holds n x layout.size.
+    """
     self.workload, self.cfg, self.policy = workload, cfg, policy
-    self.target = target
+    self.target, self.layout = target, layout
+    self.devices = 1 if layout is None else layout.size
     self.trainer = workload.trainer(cfg, policy)
-    self.rng = jax.random.key(seed)
+    self.rng = jax.random.key(seed) if layout is None else layout.key(seed)
     self.state_shapes = jax.eval_shape(self.trainer.init, self.rng)
+    self._state_shardings = None if layout is None else layout.state(self.state_shapes)
     # The state is donated: the step updates parameters and optimizer state in
     # place, so XLA may reuse their memory instead of holding two copies.
-    self._step = jax.jit(self.trainer.step, donate_argnums=(0,))
-    self._init = jax.jit(self.trainer.init)
-    self._batch = jax.jit(self.trainer.make_batch, static_argnums=(1,))
+    placed = {}  # one device: where JAX puts it; on a mesh, the step keeps the state's layout
+    if layout is not None:
+      placed = {'out_shardings': (self._state_shardings, layout.sharding())}
+    self._step = jax.jit(self.trainer.step, donate_argnums=(0,), **placed)
+    self._init = jax.jit(
+      self.trainer.init, **({} if layout is None else {'out_shardings': self._state_shardings})
+    )
+    self._batch = functools.cache(self._batch_fn)
     self._host_state = None  # workload.eager_init: the initial state in host memory
     self.init_s: float | None = None  # the first initialization's seconds, compile included
     # XLA options for this program's compiles only (DebugOptions fields, as XLA_FLAGS names them
@@ -104,11 +117,22 @@ class Program:
   def param_counts(self) -> dict[str, int]:
     return wl.param_counts(self.trainer, self.state_shapes)
 
+  def _batch_fn(self, n: int):
+    """The jitted maker of the batch for n examples per device, split over the mesh."""
+    make = functools.partial(self.trainer.make_batch, n=n * self.devices)
+    if self.layout is None:
+      return jax.jit(make)
+    return jax.jit(
+      make, out_shardings=self.layout.batch(jax.eval_shape(make, self.rng), n * self.devices)
+    )
+
   def compile(self, n: int) -> Compiled:
-    """Lower and compile the step for n examples; raises on failure (OOM included)."""
-    batch_shapes = jax.eval_shape(functools.partial(self.trainer.make_batch, n=n), self.rng)
+    """Lower and compile the step for n examples (per device); raises on failure (OOM
+    included). With a layout, the memory forecast is one device's."""
+    make = functools.partial(self.trainer.make_batch, n=n * self.devices)
+    batch_shapes = jax.eval_shape(make, self.rng)
     start, hits = time.perf_counter(), _cache_hits
-    executable = _interruptible(self._compile, batch_shapes)
+    executable = _interruptible(self._compile, batch_shapes, n)
     compile_s = time.perf_counter() - start
     mem = _interruptible(executable.memory_analysis)
     peak = temp = args = 0
@@ -134,12 +158,18 @@ class Program:
       cached=_cache_hits > hits,
     )
 
-  def _compile(self, batch_shapes):
+  def _compile(self, batch_shapes, n: int):
     args = (self.state_shapes, batch_shapes, self.rng)
     if self.target is not None:  # everything abstract, placed on the described device
       from jaxbench.cards import deviceless  # pylint: disable=g-import-not-at-top
 
       args = deviceless.abstract((*args[:2], jax.eval_shape(lambda: self.rng)), self.target)
+    elif self.layout is not None:
+      args = (
+        mesh.abstract(self.state_shapes, self._state_shardings),
+        mesh.abstract(batch_shapes, self.layout.batch(batch_shapes, n * self.devices)),
+        mesh.abstract(jax.eval_shape(lambda: self.rng), self.layout.sharding()),
+      )
     with jax.default_matmul_precision(self.policy.matmul_precision):  # thread-local: set here
       return self._step.lower(*args).compile(compiler_options=self.compiler_options)
 
@@ -163,12 +193,14 @@ class Program:
         state = self.trainer.init(jax.device_put(self.rng, cpu))
       self._host_state = jax.block_until_ready(state)
       self.init_s = time.perf_counter() - start
-    return jax.device_put(self._host_state, jax.devices()[0], may_alias=False)
+    where = jax.devices()[0] if self.layout is None else self._state_shardings
+    return jax.device_put(self._host_state, where, may_alias=False)
 
   def materialize(self, n: int):
-    """A fresh state and a batch of n examples (built by a jitted function) on the device."""
+    """A fresh state and a batch of n examples (per device; built by a jitted function, where
+    the step reads it)."""
     state = self.initial_state()
-    batch = self._batch(jax.random.fold_in(self.rng, 1), n)
+    batch = self._batch(n)(jax.random.fold_in(self.rng, 1))
     return state, batch
 
   def run(self, compiled: Compiled, steps: int) -> float:
@@ -229,8 +261,9 @@ def release() -> None:
 
 
 def device_memory() -> dict[str, int] | None:
-  """The allocator's statistics for device 0 (None on backends without them, e.g. CPU)."""
-  stats = _interruptible(jax.devices()[0].memory_stats)  # takes the allocator's lock
+  """The allocator's statistics for this process's first device (None on backends without
+  them, e.g. CPU)."""
+  stats = _interruptible(jax.local_devices()[0].memory_stats)  # takes the allocator's lock
   if not stats:
     return None
   return {k: int(v) for k, v in stats.items() if isinstance(v, (int, float))}

@@ -61,6 +61,8 @@ def check(a: Any, workloads: tuple) -> None:
       raise Refused(f'{name} is for JAX runs: not with the pytorch framework')
   if not a.run_every_fit:
     raise Refused('--norun_every_fit is for JAX runs: not with the pytorch framework')
+  if a.devices != '1' or a.shard_optimizer or a.scaling:
+    raise Refused('--devices, --shard_optimizer and --scaling are for JAX runs: PyTorch runs one')
   missing = torch_missing()
   if missing:
     raise Refused(missing)

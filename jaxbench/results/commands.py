@@ -111,8 +111,15 @@ def command_of(r: dict[str, Any]) -> str:
       args.append(
         f'--compile_for={catalog.of_device(device.get("kind", "")) or device.get("kind")}'
       )
-  if search.get('mode') == 'fixed':
-    args.append(f'--batch_size={r["max_batch"]}')
+  par = r.get('parallel') or {}
+  if par.get('local_devices', 1) > 1:
+    args.append(f'--devices={par["local_devices"]}')
+  if par.get('shard_optimizer'):
+    args.append('--shard_optimizer')
+  if par.get('scaling'):
+    args.append('--scaling')
+  if search.get('mode') == 'fixed':  # --batch_size is the global batch; max_batch is per device
+    args.append(f'--batch_size={r["max_batch"] * par.get("global_devices", 1)}')
   if search.get('capped'):
     args.append(f'--max_examples={r["max_examples"]}')
   if search.get('tolerance'):

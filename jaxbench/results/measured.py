@@ -42,6 +42,12 @@ NOTES = [
   'recorded program had that today\'s workload does not (its revision, config keys or values), '
   'which the command ran as of that revision.',
 ]
+# Shown only below a table with data-parallel runs.
+PARALLEL_NOTE = (
+  'data-parallel runs (--devices): "N per device × D devices" is the max batch of each of D '
+  'devices, the throughput theirs together, and "(E% scaling)" its ratio to D times one device\'s '
+  'at the same per-device batch (--scaling).'
+)
 
 
 def is_measured(r: dict[str, Any]) -> bool:
@@ -79,6 +85,7 @@ def _key(r: dict[str, Any]) -> tuple:
     records.autotune_level(r),
     memory_of(r),
     r['max_batch'] if _fixed(r) else None,
+    _devices(r),
   )
 
 
@@ -117,15 +124,26 @@ def figure(value: float) -> str:
   return f'{value:,.1f}' if value >= 10 else f'{value:.2f}'
 
 
+def _devices(r: dict[str, Any]) -> int:
+  return (r.get('parallel') or {}).get('global_devices', 1)
+
+
 def _batch(r: dict[str, Any]) -> str:
   unit = r['unit'][:-1] if r['max_batch'] == 1 and r['unit'].endswith('s') else r['unit']
   n = f'{r["max_batch"]:,} {unit}'
+  if _devices(r) > 1:
+    n += f' per device × {_devices(r)} devices'
   if _fixed(r):
     return f'fixed {n}'
   if store.lower_bound(r):
     return f'≥{n}'
   tolerance = (r.get('search') or {}).get('tolerance')
   return f'{n} (within {100 * tolerance:g}%)' if tolerance else n
+
+
+def _scaling(r: dict[str, Any]) -> str:
+  eff = ((r.get('parallel') or {}).get('scaling') or {}).get('efficiency')
+  return '' if eff is None else f' ({eff:.0%} scaling)'
 
 
 def row(r: dict[str, Any]) -> list[str]:
@@ -139,7 +157,7 @@ def row(r: dict[str, Any]) -> list[str]:
     r['precision'] + (' tiny' if r.get('tiny') else ''),
     memory_of(r),
     _batch(r),
-    f'{figure(m["units_per_s"])} {r["throughput_unit"]}',
+    f'{figure(m["units_per_s"])} {r["throughput_unit"]}' + _scaling(r),
     step_ms,
     '' if tflops is None else f'{tflops:.1f}',
     (r.get('timestamp') or '')[:10],
@@ -168,7 +186,7 @@ def split(results: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
   rows = latest(results)
   best: dict[tuple, dict[str, Any]] = {}
   for r in rows:
-    key = (r['workload'], r['precision'], bool(r.get('tiny')), memory_of(r))
+    key = (r['workload'], r['precision'], bool(r.get('tiny')), memory_of(r), _devices(r))
     if key not in best or _rank(r) > _rank(best[key]):
       best[key] = r
   chosen = {id(r) for r in best.values()}
@@ -217,21 +235,21 @@ def table(results: Iterable[dict[str, Any]]) -> tables.Table:
   the PyTorch peer's and the ratios where the results hold PyTorch runs."""
   results = list(results)
   chosen = split(results)[0]
+  notes = NOTES + [PARALLEL_NOTE] * any(_devices(r) > 1 for r in chosen)
   peers = pytorch_peers(results)
   if not peers:
-    return tables.Table(
-      TITLE, list(HEADER), [row(r) for r in chosen], list(NOTES), code=('command',)
-    )
+    return tables.Table(TITLE, list(HEADER), [row(r) for r in chosen], notes, code=('command',))
   at = HEADER.index('step ms')
   rows = [(x := row(r))[:at] + _pytorch_cells(r, peers.get(_peer_key(r))) + x[at:] for r in chosen]
   header = HEADER[:at] + PYTORCH_HEADER + HEADER[at:]
-  return tables.Table(TITLE, header, rows, [*NOTES, PYTORCH_NOTE], code=('command',))
+  return tables.Table(TITLE, header, rows, [*notes, PYTORCH_NOTE], code=('command',))
 
 
 def others(results: Iterable[dict[str, Any]]) -> tables.Table:
   """Every other measured run, the latest of each program, memory and batch, with its command."""
-  rows = [row(r) for r in split(results)[1]]
-  return tables.Table(OTHER_TITLE, list(HEADER), rows, [], code=('command',))
+  chosen = split(results)[1]
+  notes = [PARALLEL_NOTE] * any(_devices(r) > 1 for r in chosen)
+  return tables.Table(OTHER_TITLE, list(HEADER), [row(r) for r in chosen], notes, code=('command',))
 
 
 def measured_on(results: Iterable[dict[str, Any]]) -> str:

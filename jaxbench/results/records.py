@@ -10,6 +10,7 @@ COLUMNS = (
   'workload',
   'precision',
   'device',
+  'devices',
   'max batch',
   'steps/s',
   'throughput',
@@ -41,6 +42,14 @@ def human_bytes(n: int | None) -> str:
   return f'{n / 1e9:.2f} GB' if n >= 1e8 else f'{n / 1e6:.2f} MB'
 
 
+def devices(result: dict[str, Any]) -> str:
+  """The devices a run trained on (data-parallel, its max batch per device), and its scaling
+  efficiency where one device was timed too: '4 (93% scaling)'."""
+  par = result.get('parallel') or {}
+  eff = (par.get('scaling') or {}).get('efficiency')
+  return f"{par.get('global_devices', 1)}" + ('' if eff is None else f' ({eff:.0%} scaling)')
+
+
 def row(result: dict[str, Any]) -> tuple[str, ...]:
   m = result.get('measurement') or {}
   dev = result['device']
@@ -60,6 +69,7 @@ def row(result: dict[str, Any]) -> tuple[str, ...]:
     result['workload'],
     result['precision'],
     device,
+    devices(result),
     batch,
     _fmt(m.get('steps_per_s'), '.3f'),
     throughput,

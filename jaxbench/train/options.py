@@ -48,6 +48,7 @@ def check_flags(a: cli.Args) -> None:
     (a.list_models, '--list_models'),
     (a.profile_dir, '--profile_dir (it traces the timed steps)'),
     (a.progress_file, '--progress_file (the checkpoints are its progress)'),
+    (a.devices != '1' or a.shard_optimizer or a.scaling, '--devices (it trains on one device)'),
   ):
     if given:
       raise cli.UsageError(f'--train_steps trains one workload: not with {what}')
