@@ -303,9 +303,9 @@ MASK_RCNN_CONFIG = dict(
   anchor_ratios=(0.5, 1.0, 2.0),
   pre_nms_top_n=2000,
   # FPN_POST_NMS_TOP_N_TRAIN: proposals kept for the whole batch (FPN_POST_NMS_PER_BATCH), or
-  # for each image with post_nms_per_batch=false (torchvision's and Detectron2's semantics).
+  # for each image with post_nms_per='image' (torchvision's and Detectron2's semantics).
   post_nms_top_n=2000,
-  post_nms_per_batch=True,
+  post_nms_per='batch',
   rpn_nms_threshold=0.7,
   rpn_batch=256,
   rpn_positive_fraction=0.5,
@@ -394,7 +394,7 @@ def check(cfg):
 
 MASK_RCNN = wl.Workload(
   name='mask_rcnn',
-  description='Mask R-CNN R-101-FPN (maskrcnn-benchmark e2e_mask_rcnn_R_101_FPN_1x), 800x1333',
+  description='Mask R-CNN R-101-FPN (maskrcnn-benchmark e2e_mask_rcnn_R_101_FPN_1x), 800x1088',
   unit='images',
   throughput_unit='images/s',
   config=MASK_RCNN_CONFIG,
@@ -407,6 +407,7 @@ MASK_RCNN = wl.Workload(
     rpn_positive_fraction=wl.PROBABILITY,
     rpn_fg_iou=wl.PROBABILITY,
     rpn_bg_iou=wl.PROBABILITY,
+    post_nms_per=wl.Key(choices=('batch', 'image')),
     roi_positive_fraction=wl.PROBABILITY,
     roi_fg_iou=wl.PROBABILITY,
     momentum=wl.FRACTION,

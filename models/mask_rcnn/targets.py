@@ -71,7 +71,7 @@ def keep_proposals(cfg, scores_BxN):
   """
   n = cfg['post_nms_top_n']
   alive = scores_BxN > -jnp.inf
-  if not cfg['post_nms_per_batch']:
+  if cfg['post_nms_per'] == 'image':
     return alive
   flat = scores_BxN.reshape(-1)
   chosen = jnp.zeros(flat.shape, bool).at[jax.lax.top_k(flat, n)[1]].set(True)

@@ -303,7 +303,7 @@ MASK_RCNN = peer_lib.Peer(
     'maskrcnn-benchmark and JAX)',
     "torchvision's initialization of the box head",
     "torchvision's RPN keeps post_nms_top_n proposals per image; maskrcnn-benchmark and the JAX "
-    'workload (post_nms_per_batch) keep that many for the whole batch',
+    "workload (post_nms_per='batch') keep that many for the whole batch",
     "torchvision's mask head trains on every sampled positive; the JAX workload's on the first "
     'mask_rois of each image',
   ),

@@ -282,7 +282,7 @@ def test_proposals_are_kept_per_batch():
   threshold = np.sort(scores.reshape(-1))[-n]
   np.testing.assert_array_equal(kept, scores >= threshold)
   assert kept[0].sum() > n // 2 > kept[1].sum() > 0  # the shares follow the scores
-  per_image = np.asarray(mr.keep_proposals(dict(TINY, post_nms_per_batch=False), scores))
+  per_image = np.asarray(mr.keep_proposals(dict(TINY, post_nms_per='image'), scores))
   assert per_image.sum(axis=1).tolist() == [n, n]
 
 
