@@ -353,3 +353,31 @@ def test_canvas_and_mask_slots_of_each_case(overrides, canvas, masks):
 def test_mask_rois_bounded_by_the_sampled_positives():
   with pytest.raises(ValueError, match='mask_rois must be at most'):
     mr.MASK_RCNN.resolve(overrides={'mask_rois': 129})
+
+
+def test_an_image_samples_rois_only_from_its_share():
+  n, g = TINY['post_nms_top_n'], TINY['max_instances']
+  image = jax.tree.map(
+    lambda x: x[0], jax.jit(lambda k: mask_rcnn_data.make_batch(TINY, k, 1))(jax.random.key(4))
+  )
+  proposals = jnp.asarray(_random_boxes(np.random.default_rng(3), n, 60))
+  share = jnp.arange(n) < 5  # the batch's top proposals left this image five
+  roi = jax.jit(
+    lambda v: mr.roi_targets(
+      TINY,
+      jax.random.uniform(jax.random.key(0), (n + g,)),
+      proposals,
+      v,
+      image['gt_boxes'],
+      image['gt_classes'],
+      image['gt_masks'],
+      image['gt_valid'],
+    )
+  )(share)
+  allowed = np.concatenate(
+    [np.asarray(proposals)[:5], np.asarray(image['gt_boxes'])[np.asarray(image['gt_valid'])]]
+  )
+  sampled = np.asarray(roi['rois'])[np.asarray(roi['roi_valid'])]
+  assert 0 < len(sampled) <= len(allowed)
+  for box in sampled:
+    assert np.any(np.all(box == allowed, axis=1)), box
