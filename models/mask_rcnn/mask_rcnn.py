@@ -2,9 +2,10 @@
 e2e_mask_rcnn_R_101_FPN_1x, with every shape static so the whole step is one program.
 
 Static-shape choices: ground truth padded to `max_instances`; top `pre_nms_top_n` proposals per
-level, NMS per level as a padded fixed point, then the top `post_nms_top_n` per image; the
-sampled RoIs and anchors have fixed counts with a validity flag per slot; the mask head runs on
-the roi_batch * fraction positive slots (invalid ones weigh zero).
+level, NMS per level as a padded fixed point, each image's top `post_nms_top_n`, of which the
+batch's top `post_nms_top_n` stay valid (per batch, as the reference trains); the sampled RoIs
+and anchors have fixed counts with a validity flag per slot; the mask head runs on the first
+`mask_rois` sampled slots, where the positives are (the other slots weigh zero).
 """
 
 import functools
@@ -20,7 +21,7 @@ from models.layers import rbg_init
 from models.mask_rcnn import data as mask_rcnn_data
 from models.mask_rcnn import detection_ops as ops
 from models.mask_rcnn import resnet_fpn
-from models.mask_rcnn.targets import loss, propose, roi_targets, rpn_targets
+from models.mask_rcnn.targets import keep_proposals, loss, propose, roi_targets, rpn_targets
 
 normal = lambda std: rbg_init.rbg(nn.initializers.normal(std))
 fc_init = rbg_init.rbg(nn.initializers.variance_scaling(1.0, 'fan_in', 'uniform'))  # a=1
@@ -157,7 +158,8 @@ class MaskRCNN(nn.Module):
       proposals = jnp.zeros((b, cfg['post_nms_top_n'], 4), jnp.float32)
       proposals_valid = jnp.ones((b, cfg['post_nms_top_n']), bool)
     else:
-      proposals, proposals_valid = jax.vmap(lambda o: propose(cfg, o, anchors))(per_image)
+      proposals, scores = jax.vmap(lambda o: propose(cfg, o, anchors))(per_image)
+      proposals_valid = keep_proposals(cfg, scores)
     t = jax.vmap(functools.partial(roi_targets, cfg))(
       priority[:, num_anchors:],
       proposals,
@@ -276,14 +278,17 @@ def flops_per_example(cfg):
     + conv(2, mc, mc, p, p)
     + conv(1, mc, k, 2 * p, 2 * p)
   )
-  trained += int(cfg['roi_batch'] * cfg['roi_positive_fraction']) * per_mask
+  trained += cfg['mask_rois'] * per_mask
   return frozen + 3.0 * trained
 
 
 MASK_RCNN_CONFIG = dict(
-  # Data: COCO's 800x1333 resize, padded to a size divisible by 32.
-  image_size=(800, 1344),
-  content_size=(800, 1333),
+  # Data: a 4:3 COCO image resized to 800x1066 (short side 800), the batch padded to a size
+  # divisible by 32 (SIZE_DIVISIBILITY) as the reference pads each batch to its largest image.
+  # The worst case, an image at the 1333 long-side cap: image_size (800, 1344), content_size
+  # (800, 1333).
+  image_size=(800, 1088),
+  content_size=(800, 1066),
   num_classes=81,
   max_instances=100,
   max_real_instances=15,
@@ -297,7 +302,10 @@ MASK_RCNN_CONFIG = dict(
   anchor_sizes=(32, 64, 128, 256, 512),
   anchor_ratios=(0.5, 1.0, 2.0),
   pre_nms_top_n=2000,
-  post_nms_top_n=1000,
+  # FPN_POST_NMS_TOP_N_TRAIN: proposals kept for the whole batch (FPN_POST_NMS_PER_BATCH), or
+  # for each image with post_nms_per='image' (torchvision's and Detectron2's semantics).
+  post_nms_top_n=2000,
+  post_nms_per='batch',
   rpn_nms_threshold=0.7,
   rpn_batch=256,
   rpn_positive_fraction=0.5,
@@ -310,6 +318,11 @@ MASK_RCNN_CONFIG = dict(
   canonical_scale=224,
   box_pool=7,
   mask_pool=14,
+  # Mask head slots per image: the first `mask_rois` positives (the reference's mask head takes
+  # every positive, at most roi_batch * roi_positive_fraction = 128). 32 holds the typical
+  # image's positives (its ground truth, here 1 to 15 instances, plus the proposals that match
+  # one); 128 is the worst case.
+  mask_rois=32,
   sampling_ratio=2,
   mlp_dim=1024,
   mask_channels=256,
@@ -340,6 +353,7 @@ MASK_RCNN_TINY = dict(
   post_nms_top_n=32,
   rpn_batch=32,
   roi_batch=32,
+  mask_rois=6,
   canonical_scale=32,
   mlp_dim=32,
   mask_channels=16,
@@ -352,6 +366,7 @@ def check(cfg):
   """Stride-32 padding, instances and proposals in the numbers the static shapes assume."""
   (h, w), (ch, cw), (lo, hi) = cfg['image_size'], cfg['content_size'], cfg['box_size_range']
   candidates = cfg['post_nms_top_n'] + cfg['max_instances']
+  positives = int(cfg['roi_batch'] * cfg['roi_positive_fraction'])
   return wl.first(
     (h % 32 or w % 32, f'image_size ({h}, {w}) must be multiples of 32'),
     (ch > h or cw > w, f'content_size ({ch}, {cw}) must fit in image_size ({h}, {w})'),
@@ -369,8 +384,9 @@ def check(cfg):
       f'roi_batch must be at most post_nms_top_n + max_instances ({candidates})',
     ),
     (
-      int(cfg['roi_batch'] * cfg['roi_positive_fraction']) < 1,
-      'roi_batch * roi_positive_fraction must be at least 1 (the mask head trains on positives)',
+      cfg['mask_rois'] > int(cfg['roi_batch'] * cfg['roi_positive_fraction']),
+      f'mask_rois must be at most roi_batch * roi_positive_fraction ({positives}), the most '
+      'positives an image samples',
     ),
     (cfg['rpn_bg_iou'] > cfg['rpn_fg_iou'], 'rpn_bg_iou must be at most rpn_fg_iou'),
   )
@@ -378,7 +394,7 @@ def check(cfg):
 
 MASK_RCNN = wl.Workload(
   name='mask_rcnn',
-  description='Mask R-CNN R-101-FPN (maskrcnn-benchmark e2e_mask_rcnn_R_101_FPN_1x), 800x1333',
+  description='Mask R-CNN R-101-FPN (maskrcnn-benchmark e2e_mask_rcnn_R_101_FPN_1x), 800x1088',
   unit='images',
   throughput_unit='images/s',
   config=MASK_RCNN_CONFIG,
@@ -391,6 +407,7 @@ MASK_RCNN = wl.Workload(
     rpn_positive_fraction=wl.PROBABILITY,
     rpn_fg_iou=wl.PROBABILITY,
     rpn_bg_iou=wl.PROBABILITY,
+    post_nms_per=wl.Key(choices=('batch', 'image')),
     roi_positive_fraction=wl.PROBABILITY,
     roi_fg_iou=wl.PROBABILITY,
     momentum=wl.FRACTION,
@@ -404,4 +421,7 @@ MASK_RCNN = wl.Workload(
   ),
   flops_per_example=flops_per_example,
   family='image',
+  # 2: proposals kept per batch (2000) rather than per image (1000), a 800x1088 canvas rather
+  # than 800x1344, and 32 mask RoIs per image rather than 128.
+  revision=2,
 )

@@ -41,7 +41,8 @@ def rpn_targets(cfg, anchors_Nx4, priority_N, gt_boxes, gt_valid):
 
 
 def propose(cfg, level_outputs, anchors):
-  """Proposals of one image: top-k per level, decode, clip, NMS per level, top-n overall."""
+  """Proposals of one image: top-k per level, decode, clip, NMS per level, then the top
+  `post_nms_top_n` of the image's survivors with their objectness logits (-inf where none)."""
   k = cfg['pre_nms_top_n']
   h, w = cfg['content_size']
   boxes, scores, valid = [], [], []
@@ -58,7 +59,23 @@ def propose(cfg, level_outputs, anchors):
   boxes, scores, valid = jnp.stack(boxes), jnp.stack(scores), jnp.stack(valid)
   keep_LxK = jax.vmap(ops.nms, in_axes=(0, 0, None))(boxes, valid, cfg['rpn_nms_threshold'])
   top, idx = jax.lax.top_k(jnp.where(keep_LxK, scores, -jnp.inf).reshape(-1), cfg['post_nms_top_n'])
-  return boxes.reshape(-1, 4)[idx], top > -jnp.inf
+  return boxes.reshape(-1, 4)[idx], top
+
+
+def keep_proposals(cfg, scores_BxN):
+  """Which proposals go on to the RoI heads: FPN_POST_NMS_TOP_N_TRAIN over the whole batch's
+  proposals (maskrcnn-benchmark's FPN_POST_NMS_PER_BATCH, its default), or per image.
+
+  Each image offers its own top `post_nms_top_n` (no image can hold more of the batch's top
+  `post_nms_top_n`), so the batch's top of these is the reference's selection, ties aside.
+  """
+  n = cfg['post_nms_top_n']
+  alive = scores_BxN > -jnp.inf
+  if cfg['post_nms_per'] == 'image':
+    return alive
+  flat = scores_BxN.reshape(-1)
+  chosen = jnp.zeros(flat.shape, bool).at[jax.lax.top_k(flat, n)[1]].set(True)
+  return chosen.reshape(scores_BxN.shape) & alive
 
 
 def roi_targets(
@@ -85,8 +102,9 @@ def roi_targets(
   classes = jnp.where(positive, gt_classes[gt], 0)
   # Only positives regress; zeroing the rest keeps 0 * inf out of the masked loss.
   box_targets = jnp.where(positive[:, None], ops.encode(gt_boxes[gt], rois, ROI_WEIGHTS), 0.0)
-  # Positives fill the first slots, so the mask RoIs are a fixed prefix of the sample.
-  m = int(cfg['roi_batch'] * cfg['roi_positive_fraction'])
+  # Positives fill the first slots, so the mask RoIs are a fixed prefix of the sample: the
+  # first `mask_rois` positives (the reference's mask head takes every positive).
+  m = cfg['mask_rois']
   mask_targets = jax.vmap(ops.project_masks, in_axes=(0, 0, 0, None))(
     gt_masks[gt[:m]], gt_boxes[gt[:m]], rois[:m], 2 * cfg['mask_pool']
   )
@@ -128,9 +146,9 @@ def loss(cfg, out, batch):
   ).sum() / n_roi
   mask_w = roi_pos[:, : out['mask_logits'].shape[1], None, None]
   pixels = jnp.maximum(mask_w.sum() * out['mask_targets'][0, 0].size, 1.0)
-  mask = (
-    optax.sigmoid_binary_cross_entropy(f32(out['mask_logits']), out['mask_targets']) * mask_w
-  ).sum() / pixels
+  # The slots past an image's positives hold other RoIs (or none): out of the loss entirely.
+  mask_bce = optax.sigmoid_binary_cross_entropy(f32(out['mask_logits']), out['mask_targets'])
+  mask = jnp.where(mask_w > 0, mask_bce, 0.0).sum() / pixels
   total = rpn_obj + rpn_box + cls + box + mask
   return total, {
     'loss_objectness': rpn_obj,

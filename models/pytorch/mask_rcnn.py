@@ -302,5 +302,9 @@ MASK_RCNN = peer_lib.Peer(
     'straddle_thresh 0 drops them) and its box head regresses with smooth L1 beta 1/9 (beta 1 in '
     'maskrcnn-benchmark and JAX)',
     "torchvision's initialization of the box head",
+    "torchvision's RPN keeps post_nms_top_n proposals per image; maskrcnn-benchmark and the JAX "
+    "workload (post_nms_per='batch') keep that many for the whole batch",
+    "torchvision's mask head trains on every sampled positive; the JAX workload's on the first "
+    'mask_rois of each image',
   ),
 )

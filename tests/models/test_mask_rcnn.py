@@ -247,3 +247,137 @@ def test_frozen_bn_statistics_come_from_a_sample_not_the_init_batch():
   first, second = init(jax.random.key(2)), init(jax.random.key(3))
   for a, b in zip(jax.tree.leaves(first['frozen_bn']), jax.tree.leaves(second['frozen_bn'])):
     np.testing.assert_array_equal(a, b)
+
+
+def _tiny_proposals(batch):
+  """Each image's top post_nms_top_n proposals and scores from random RPN outputs at tiny size,
+  the first image's objectness raised by 1."""
+  h, w = TINY['image_size']
+  ratios = tuple(TINY['anchor_ratios'])
+  anchors = [
+    ops.grid_anchors(s, size, ratios, -(-h // s), -(-w // s))
+    for s, size in zip(mr.strides(TINY), TINY['anchor_sizes'])
+  ]
+  keys = jax.random.split(jax.random.key(5), 2 * len(anchors))
+  levels = [
+    (
+      jax.random.normal(keys[2 * i], (batch, a.shape[0])) + (jnp.arange(batch) == 0)[:, None],
+      0.1 * jax.random.normal(keys[2 * i + 1], (batch, a.shape[0], 4)),
+    )
+    for i, a in enumerate(anchors)
+  ]
+  return jax.jit(jax.vmap(lambda o: mr.propose(TINY, o, anchors)))(levels)
+
+
+@pytest.mark.slow
+def test_proposals_are_kept_per_batch():
+  # maskrcnn-benchmark keeps FPN_POST_NMS_TOP_N_TRAIN proposals for the whole batch in training:
+  # the batch's top scores, however they fall between its images.
+  n = TINY['post_nms_top_n']
+  _, scores = _tiny_proposals(2)
+  scores = np.asarray(scores)
+  assert np.all(np.isfinite(scores))  # each image offers n proposals
+  kept = np.asarray(mr.keep_proposals(TINY, scores))
+  assert kept.sum() == n
+  threshold = np.sort(scores.reshape(-1))[-n]
+  np.testing.assert_array_equal(kept, scores >= threshold)
+  assert kept[0].sum() > n // 2 > kept[1].sum() > 0  # the shares follow the scores
+  per_image = np.asarray(mr.keep_proposals(dict(TINY, post_nms_per='image'), scores))
+  assert per_image.sum(axis=1).tolist() == [n, n]
+
+
+def test_per_batch_proposals_skip_suppressed_slots():
+  n = TINY['post_nms_top_n']
+  scores = np.full((3, n), -np.inf, np.float32)
+  scores[0, :5] = np.arange(5)  # fewer survivors in the batch than the bound
+  scores[2, :3] = 10.0
+  kept = np.asarray(mr.keep_proposals(TINY, scores))
+  np.testing.assert_array_equal(kept, np.isfinite(scores))
+
+
+def test_mask_loss_ignores_slots_past_the_positives():
+  rng = np.random.default_rng(2)
+  b, r, m, p = 2, 8, 4, 6
+  positive = np.zeros((b, r), bool)
+  positive[0, :3], positive[1, :1] = True, True
+  out = {
+    'rpn_logits': np.zeros((b, 4), np.float32),
+    'rpn_deltas': np.zeros((b, 4, 4), np.float32),
+    'rpn_positive': np.zeros((b, 4), bool),
+    'rpn_valid': np.ones((b, 4), bool),
+    'rpn_box_targets': np.zeros((b, 4, 4), np.float32),
+    'cls_logits': np.zeros((b, r, 3), np.float32),
+    'classes': np.where(positive, 1, 0),
+    'roi_valid': np.ones((b, r), bool),
+    'roi_positive': positive,
+    'box_deltas': np.zeros((b, r, 4), np.float32),
+    'box_targets': np.zeros((b, r, 4), np.float32),
+    'mask_logits': rng.normal(size=(b, m, p, p)).astype(np.float32),
+    'mask_targets': (rng.uniform(size=(b, m, p, p)) > 0.5).astype(np.float32),
+  }
+  loss = lambda o: float(mr.loss(TINY, o, None)[1]['loss_mask'])
+  base = loss(out)
+  padded = ~positive[:, :m]
+  noisy = dict(out)
+  noisy['mask_logits'] = np.where(padded[..., None, None], np.nan, out['mask_logits'])
+  noisy['mask_targets'] = np.where(padded[..., None, None], 1.0, out['mask_targets'])
+  assert loss(noisy) == base
+  # The mean runs over the positives' pixels only: the positive slots' own loss.
+  logits, targets = out['mask_logits'][~padded], out['mask_targets'][~padded]
+  bce = np.maximum(logits, 0) - logits * targets + np.log1p(np.exp(-np.abs(logits)))
+  np.testing.assert_allclose(base, bce.mean(), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+  'overrides,canvas,masks',
+  [
+    ({}, (800, 1088), 32),
+    ({'image_size': (800, 1344), 'content_size': (800, 1333), 'mask_rois': 128}, (800, 1344), 128),
+  ],
+)
+def test_canvas_and_mask_slots_of_each_case(overrides, canvas, masks):
+  cfg = mr.MASK_RCNN.resolve(overrides=overrides)
+  trainer = mr.MASK_RCNN.trainer(cfg, precision.get('fp32'))
+  batch = jax.eval_shape(lambda key: trainer.make_batch(key, 2), jax.random.key(0))
+  assert batch['images'].shape == (2, *canvas, 3)
+  module = mr.MaskRCNN(cfg)
+  rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
+  variables = jax.eval_shape(lambda b: module.init(rngs, b, False), batch)
+  out = jax.eval_shape(
+    lambda v, b: module.apply(v, b, False, rngs={'dropout': jax.random.key(2)}), variables, batch
+  )
+  assert out['mask_logits'].shape == out['mask_targets'].shape == (2, masks, 28, 28)
+  assert out['rois'].shape == (2, 512, 4)
+
+
+def test_mask_rois_bounded_by_the_sampled_positives():
+  with pytest.raises(ValueError, match='mask_rois must be at most'):
+    mr.MASK_RCNN.resolve(overrides={'mask_rois': 129})
+
+
+def test_an_image_samples_rois_only_from_its_share():
+  n, g = TINY['post_nms_top_n'], TINY['max_instances']
+  image = jax.tree.map(
+    lambda x: x[0], jax.jit(lambda k: mask_rcnn_data.make_batch(TINY, k, 1))(jax.random.key(4))
+  )
+  proposals = jnp.asarray(_random_boxes(np.random.default_rng(3), n, 60))
+  share = jnp.arange(n) < 5  # the batch's top proposals left this image five
+  roi = jax.jit(
+    lambda v: mr.roi_targets(
+      TINY,
+      jax.random.uniform(jax.random.key(0), (n + g,)),
+      proposals,
+      v,
+      image['gt_boxes'],
+      image['gt_classes'],
+      image['gt_masks'],
+      image['gt_valid'],
+    )
+  )(share)
+  allowed = np.concatenate(
+    [np.asarray(proposals)[:5], np.asarray(image['gt_boxes'])[np.asarray(image['gt_valid'])]]
+  )
+  sampled = np.asarray(roi['rois'])[np.asarray(roi['roi_valid'])]
+  assert 0 < len(sampled) <= len(allowed)
+  for box in sampled:
+    assert np.any(np.all(box == allowed, axis=1)), box
