@@ -22,10 +22,56 @@ def test_squad_param_count_matches_reference():
   assert wl.param_counts(trainer, state)['total'] == _reference_qa_params() == 108_893_186
 
 
-def test_bert_base_is_unchanged():
+def _reference_pretraining_params(vocab=30522, h=768):
+  """HF BertForPreTraining: the encoder, the pooler (h -> h), the MLM transform (dense h -> h
+  and a LayerNorm) with an output bias over the vocabulary (its weight is the word embedding),
+  and the NSP Linear(h, 2)."""
+  encoder = _reference_qa_params(vocab, h) - (2 * h + 2)
+  return encoder + (h * h + h) + (h * h + h + 2 * h + vocab) + (2 * h + 2)
+
+
+def test_bert_base_param_count_matches_reference():
   w = bert.BERT_BASE
   state = jax.eval_shape(w.trainer(w.resolve(), precision.get('fp32')).init, jax.random.key(0))
-  assert wl.count_params(state.params) == 110_106_428
+  assert wl.count_params(state.params) == _reference_pretraining_params()
+
+
+def test_pretraining_loss_is_weighted_mlm_plus_nsp_cross_entropy():
+  """BERT's loss on a hand-made batch: the masked-LM cross-entropy averaged over the weighted
+  positions (a weight-0 slot counts for nothing), plus the mean next-sentence cross-entropy."""
+  mlm_probs = np.array([[[0.5, 0.25, 0.25], [0.2, 0.2, 0.6]], [[0.1, 0.8, 0.1], [1 / 3] * 3]])
+  nsp_probs = np.array([[0.9, 0.1], [0.4, 0.6]])
+  batch = {
+    'masked_ids': np.array([[0, 2], [1, 0]]),
+    'masked_weights': np.array([[1.0, 1.0], [1.0, 0.0]]),
+    'next_sentence': np.array([1, 1]),
+  }
+  loss, metrics = bert.pretraining_loss(None, (np.log(mlm_probs), np.log(nsp_probs)), batch)
+  mlm = -(np.log(0.5) + np.log(0.6) + np.log(0.8)) / 3
+  nsp = -(np.log(0.1) + np.log(0.6)) / 2
+  np.testing.assert_allclose(float(metrics['mlm_loss']), mlm, rtol=1e-6)
+  np.testing.assert_allclose(float(metrics['nsp_loss']), nsp, rtol=1e-6)
+  np.testing.assert_allclose(float(loss), mlm + nsp, rtol=1e-6)
+
+
+def test_padded_keys_change_nothing():
+  """Tokens attend only to non-PAD keys: changing a padded position's embedding (through its
+  segment id) leaves every real token's output as it was, while the same change at a real
+  position reaches the others."""
+  cfg = bert.BERT_BASE.resolve(tiny=True)
+  encoder = bert.BertEncoder(cfg)
+  length, real = 8, 5
+  tokens = np.zeros((1, length), np.int32)
+  tokens[0, :real] = np.arange(3, 3 + real)
+  segments = np.zeros((1, length), np.int32)
+  params = encoder.init(jax.random.key(0), tokens, segments, False)
+  apply = jax.jit(lambda s: encoder.apply(params, tokens, s, False)[0])
+  hidden = np.asarray(apply(segments))
+  padded, unpadded = segments.copy(), segments.copy()
+  padded[0, real + 1] = 1
+  unpadded[0, real - 1] = 1
+  np.testing.assert_array_equal(np.asarray(apply(padded))[:, :real], hidden[:, :real])
+  assert not np.allclose(np.asarray(apply(unpadded))[:, : real - 1], hidden[:, : real - 1])
 
 
 def _log_softmax(x):

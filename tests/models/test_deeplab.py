@@ -42,7 +42,6 @@ def test_param_counts():
   params = jax.eval_shape(trainer.init, jax.random.key(0)).params
   backbone = wl.count_params(params['xception_65'])
   assert backbone == _reference_xception65_params()
-  assert abs(backbone - 37.9e6) <= 0.01 * 37.9e6, backbone
   # ASPP (image pooling, 1x1, three separable), projection, decoder and logits.
   head = (2048 * 256 + 512) * 2 + 3 * _separable(2048, 256) + (1280 * 256 + 512)
   head += (256 * 48 + 96) + _separable(304, 256) + _separable(256, 256) + 256 * 21 + 21
@@ -109,7 +108,6 @@ def test_flops_match_deeplab_model_zoo():
   # 54.17B multiply-adds (convolutions; our resizes are matmuls counted on top).
   macs = deeplab.forward_flops(CFG, with_resizes=False) / 2
   np.testing.assert_allclose(macs, 54.17e9, rtol=0.005)
-  assert deeplab.flops_per_example(CFG) == 3 * deeplab.forward_flops(CFG)
 
 
 @pytest.mark.parametrize('impl', depthwise.IMPLS)

@@ -10,15 +10,29 @@ from models import precision
 from models import workload as wl
 from models.conv_seq2seq import fconv
 
-# fairseq fconv_wmt_en_de counted by hand from fairseq/models/fconv.py with the dictionaries
-# of the pretrained wmt14.en-de.fconv-py model (en 42243, de 43676 types). Every Linear and
-# convolution is weight-normalised: v, g (one per output) and a bias.
-#   encoder: embeddings (42243 + 1024) x 768, fc1 768->512, 15 convolutions to 2C
-#     (9 x k3 512, 4 x k3 1024, 2 x k1 2048), projections 512->1024 and 1024->2048,
-#     fc2 2048->768: 86,635,264
-#   decoder: embeddings (43676 + 1024) x 768, fc1, the same convolutions and projections,
-#     15 attention layers (C->768, 768->C), fc2 2048->512, fc3 512->43676: 129,369,912
-FAIRSEQ_PARAMS = 216_005_176
+
+def _fairseq_params(src_vocab=42243, tgt_vocab=43676, embed=768, out_embed=512, positions=1024):
+  """fairseq's fconv_wmt_en_de from the layer shapes of fairseq/models/fconv.py, with the
+  dictionaries of the pretrained wmt14.en-de.fconv-py model (en 42,243, de 43,676 types).
+  Every Linear and convolution is weight-normalised (v, one gain per output, a bias); fconv's
+  own PositionalEmbedding holds `positions` rows; embeddings are not normalised."""
+  linear = lambda cin, cout: cin * cout + 2 * cout
+  conv = lambda k, cin, cout: k * cin * 2 * cout + 2 * 2 * cout  # GLU: 2C outputs
+  layers = [(512, 3)] * 9 + [(1024, 3)] * 4 + [(2048, 1)] * 2
+
+  def convolutions(attention):
+    count, c = 0, layers[0][0]
+    for cout, k in layers:
+      count += (linear(c, cout) if c != cout else 0) + conv(k, c, cout)  # residual projection
+      count += linear(cout, embed) + linear(embed, cout) if attention else 0
+      c = cout
+    return count
+
+  encoder = (src_vocab + positions) * embed + linear(embed, 512) + convolutions(False)
+  encoder += linear(2048, embed)
+  decoder = (tgt_vocab + positions) * embed + linear(embed, 512) + convolutions(True)
+  decoder += linear(2048, out_embed) + linear(out_embed, tgt_vocab)
+  return encoder + decoder
 
 
 @pytest.fixture(scope='module')
@@ -37,8 +51,7 @@ def test_full_size_parameter_count_matches_fairseq():
   w = fconv.FCONV_WMT_EN_DE
   trainer = w.trainer(w.resolve(), precision.get('fp32'))
   shapes = jax.eval_shape(trainer.init, jax.random.key(0))
-  count = wl.count_params(shapes.params)
-  assert abs(count - FAIRSEQ_PARAMS) <= 0.01 * FAIRSEQ_PARAMS, count
+  assert wl.count_params(shapes.params) == _fairseq_params()
   # fairseq's weight norm keeps one gain per output channel of every convolution.
   conv = shapes.params['decoder']['conv_12']
   assert conv['v'].shape == (3, 1024, 2048) and conv['g'].shape == (2048,)

@@ -27,7 +27,6 @@ def test_full_size_parameter_count():
   trainable = wl.count_params(shapes.params)
   assert trainable == KERAS_TRAINABLE_1000 + 4032 + 1
   assert wl.count_params(shapes.model_state['batch_stats']) == BN_MOVING_STATS
-  assert abs(trainable - 88.9e6) / 88.9e6 < 0.01  # the paper's figure
 
 
 @pytest.mark.slow

@@ -34,9 +34,16 @@ def _reference_generator(inputs=39, ngf=32, n_down=4, n_global=9, n_local=3, out
   return glob, local
 
 
-# Three NLayerDiscriminators(39 channels: labels, edges and the image; ndf 64, 3 layers,
-# 2,801,601 each): the discriminators do not see the instance features.
-REFERENCE_G, REFERENCE_D = 182_871_171, 8_404_803
+def _reference_discriminator(inputs=39, ndf=64, n_layers=3, num_d=3):
+  """MultiscaleDiscriminator: `num_d` NLayerDiscriminators of 4x4 convolutions with a bias
+  (instance norm without affine) on 35 labels + edges + the image; the discriminators do not
+  see the instance features."""
+  conv = lambda cin, cout: 16 * cin * cout + cout
+  widths = [inputs] + [ndf * 2**i for i in range(n_layers + 1)] + [1]
+  return num_d * sum(conv(cin, cout) for cin, cout in zip(widths, widths[1:]))
+
+
+REFERENCE_G, REFERENCE_D = 182_871_171, _reference_discriminator()
 
 
 def _trainer(cfg=TINY, policy='fp32'):
