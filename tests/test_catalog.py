@@ -61,7 +61,12 @@ def test_published_tables_are_carried_with_their_notes():
   pub = published.lookup()
   assert pub[('pix2pixhd', 'rtx_2080_ti')].max_batch == 0
   assert pub[('conv_seq2seq', 'rtx_2080_ti')].max_batch == 3584
-  assert pub[('transformer_big', 'titan_rtx')].precision == 'fp16'
+  # The swapped rows carry the precision of the run their figures came from: the row named
+  # transformer_big holds ConvS2S's FP32 figures, the one named conv_seq2seq Transformer's FP16.
+  assert pub[('transformer_big', 'titan_rtx')].precision == 'fp32'
+  assert pub[('transformer_big', 'titan_rtx')].figures_of == 'conv_seq2seq'
+  assert pub[('conv_seq2seq', 'titan_rtx')].precision == 'fp16'
+  assert published.trained_precision()['transformer_big'] == 'fp16'
   assert pub[('transformer_big', 'rtx_2060')].swapped
   assert not pub[('bert_base', 'rtx_2060')].swapped
   assert 'swapped' in published.notes() and 'swapped' in published.SWAP_NOTE
