@@ -221,8 +221,8 @@ def salvage(store_path: str, done: dict[store.Key, dict[str, Any]]) -> dict[str,
 
 def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str | None, bool]:
   """The cell's exit status, why it ended without one of its own (None), and whether the sweep
-  was interrupted (Ctrl-C, SIGINT) meanwhile: then the cell gets the SIGINT too (it is in a
-  session of its own, out of the terminal's reach), to write its result so far, and is killed
+  was interrupted (Ctrl-C, SIGINT) meanwhile: then the cell gets the SIGINT too (started with
+  setsid, it is out of the terminal's reach), to write its result so far, and is killed
   if it has not ended after INTERRUPT_GRACE_S or at a second Ctrl-C."""
   try:
     return proc.wait(timeout=timeout_s), None, False
