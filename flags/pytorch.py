@@ -27,5 +27,13 @@ TORCH_COMPILE = flags.DEFINE_bool(
   'torch_compile',
   False,
   'Run the PyTorch side under torch.compile (each update\'s loss compiled); its first step, the '
-  'compile, is timed on its own.',
+  'compile, is timed on its own. With --frameworks the PyTorch side runs both eager and compiled, '
+  'and the ratios are JAX over the better of the two.',
+)
+REFERENCE_BATCH = flags.DEFINE_bool(
+  'reference_batch',
+  False,
+  'With --frameworks: run each workload at its fixed comparison batch (the table in '
+  'jaxbench/pytorch/frameworks.py, in the workload\'s units) instead of searching or one '
+  '--batch_size, so that JAX and PyTorch are compared at the same batch.',
 )

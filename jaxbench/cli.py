@@ -116,6 +116,7 @@ class Args:
   framework: str = 'jax'
   frameworks: tuple[str, ...] = ()
   torch_compile: bool = False
+  reference_batch: bool = False
   # flags/parallel.py
   devices: str = '1'
   shard_optimizer: bool = False

@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from jaxbench import cli
 from jaxbench.pytorch import frameworks
 from jaxbench.results import commands, measured, records, store
 from models import registry
@@ -14,16 +15,18 @@ from tests import test_pytorch_harness as harness
 ROOT = harness.ROOT
 
 
-def result(framework, max_batch, units_per_s, status='ok', compile_s=None):
+def result(framework, max_batch, units_per_s, status='ok', compile_s=None, **extra):
   return {
     'framework': framework,
     'workload': 'bert_base',
     'precision': 'bf16',
+    'device': {'platform': 'gpu', 'kind': 'NVIDIA H200', 'count': 1},
     'unit': 'sequences',
     'throughput_unit': 'sequences/s',
     'max_batch': max_batch,
     'status': status,
     'measurement': {'units_per_s': units_per_s, 'compile_s': compile_s},
+    **extra,
   }
 
 
@@ -32,23 +35,52 @@ def cells(text: str, row: int) -> list[str]:
   return re.split(r' {2,}', text.splitlines()[row].strip())
 
 
-def test_side_by_side_gives_jax_over_pytorch_for_batch_and_throughput():
-  text = records.side_by_side(
-    [result('jax', 512, 1500.0), result('pytorch', 256, 1000.0, compile_s=42.0)]
-  )
+def test_side_by_side_gives_the_device_and_jax_over_pytorch_for_batch_and_throughput():
+  text = records.side_by_side([result('jax', 512, 1500.0), result('pytorch', 256, 1000.0)])
   header, row = cells(text, 0), cells(text, 2)
-  assert header[:5] == ['workload', 'precision', 'max batch JAX', 'max batch PyTorch', 'ratio']
+  assert header == [
+    'workload',
+    'precision',
+    'device',
+    'max batch JAX',
+    'max batch PyTorch',
+    'ratio',
+    'throughput JAX',
+    'throughput PyTorch',
+    'ratio',
+  ]
   assert row == [
     'bert_base',
     'bf16',
+    'NVIDIA H200',
     '512 sequences',
     '256 sequences',
     '2.00x',
     '1,500.0 sequences/s',
     '1,000.0 sequences/s',
     '1.50x',
-    '42.0',
   ]
+
+
+def test_side_by_side_puts_eager_and_compiled_apart_and_divides_by_the_better():
+  runs = [
+    result('jax', 64, 1500.0),
+    result('pytorch', 64, 1000.0),
+    result('pytorch', 64, 1200.0, compile_s=42.0, torch_compile=True),
+    result('jax', 64, 900.0, precision='tf32'),
+    result('pytorch', 64, 1000.0, precision='tf32'),
+    result('pytorch', 64, 600.0, compile_s=40.0, torch_compile=True, precision='tf32'),
+  ]
+  text = records.side_by_side(runs)
+  table = [dict(zip(cells(text, 0), cells(text, i))) for i in (2, 3)]
+  assert cells(text, 0)[-3:] == ['throughput PyTorch compiled', 'ratio', 'compile s PyTorch']
+  bf16, tf32 = table
+  assert bf16['precision'] == 'bf16' and tf32['precision'] == 'tf32'  # a row per precision
+  assert bf16['throughput PyTorch eager'] == '1,000.0 sequences/s'
+  assert bf16['throughput PyTorch compiled'] == '1,200.0 sequences/s'
+  assert bf16['ratio'] == f'{1500 / 1200:.2f}x'  # against compiled, the better here
+  assert tf32['ratio'] == '0.90x'  # against eager, the better here
+  assert bf16['compile s PyTorch'] == '42.0' and tf32['compile s PyTorch'] == '40.0'
 
 
 def test_side_by_side_has_no_ratio_where_a_side_failed_or_is_missing():
@@ -56,9 +88,9 @@ def test_side_by_side_has_no_ratio_where_a_side_failed_or_is_missing():
     [result('jax', 512, 1500.0), result('pytorch', 0, None, status='oom')]
   )
   row = cells(text, 2)
-  assert row[3] == '0 sequences (oom)' and row[4] == '-' and row[7] == '-'
+  assert row[4] == '0 sequences (oom)' and row[5] == '-' and row[8] == '-'
   alone = cells(records.side_by_side([result('jax', 512, 1500.0)]), 2)
-  assert alone[3] == '-' and alone[4] == '-'
+  assert alone[4] == '-' and alone[5] == '-'
 
 
 def test_each_child_gets_the_flags_with_its_framework_and_output():
@@ -77,6 +109,101 @@ def test_each_child_gets_the_flags_with_its_framework_and_output():
     '--notiny',
   ]  # --torch_compile is the PyTorch side's
   assert '--torch_compile' in frameworks.child_args(argv, 'pytorch', 'p', False)
+
+
+def args(**changes):
+  base = dict(model=('bert_base',), frameworks=('jax', 'pytorch'), tiny=True)
+  return cli.Args(**{**base, **changes})
+
+
+def test_each_framework_runs_once_per_precision_and_pytorch_eager_and_compiled():
+  kids = frameworks.children(args(precisions=('tf32', 'bf16'), torch_compile=True), ())
+  assert [k.name for k in kids] == [
+    'jax tf32',
+    'pytorch eager tf32',
+    'pytorch compiled tf32',
+    'jax bf16',
+    'pytorch eager bf16',
+    'pytorch compiled bf16',
+  ]
+  argv = ['--model=bert_base', '--frameworks=jax,pytorch', '--precisions', 'tf32,bf16']
+  argv += ['--torch_compile', '--steps=4']
+  assert frameworks.child_args(argv, kids[2], 'p', False) == [
+    '--model=bert_base',
+    '--steps=4',
+    '--framework=pytorch',
+    '--torch_compile',
+    '--precision=tf32',
+    '--output=p',
+    '--notiny',
+  ]
+  eager = frameworks.child_args(argv, kids[4], 'p', False)
+  assert '--notorch_compile' in eager and '--torch_compile' not in eager
+  assert '--precision=bf16' in eager and 'tf32,bf16' not in eager
+  jax = frameworks.child_args(argv, kids[3], 'j', False)
+  assert not any('torch_compile' in x for x in jax) and '--precision=bf16' in jax
+
+
+def test_reference_batch_runs_each_workload_at_its_own_batch_in_its_units():
+  assert set(frameworks.REFERENCE_BATCH) == {w.name for w in registry.all_workloads()}
+  workloads = cli.resolve_models(('bert_base', 'transformer_big', 'pix2pixhd'))
+  kids = frameworks.children(args(reference_batch=True), workloads)
+  assert [(k.framework, k.model, k.batch_size) for k in kids] == [
+    ('jax', 'bert_base', 64),
+    ('pytorch', 'bert_base', 64),
+    ('jax', 'transformer_big', 16_384),  # tokens: the child rounds down to whole examples
+    ('pytorch', 'transformer_big', 16_384),
+    ('jax', 'pix2pixhd', 1),
+    ('pytorch', 'pix2pixhd', 1),
+  ]
+  argv = ['--model', 'bert_base,transformer_big', '--frameworks=jax,pytorch', '--reference_batch']
+  assert frameworks.child_args(argv, kids[3], 'o', True) == [
+    '--framework=pytorch',
+    '--notorch_compile',
+    '--model=transformer_big',
+    '--batch_size=16384',
+    '--output=o',
+    '--tiny',
+  ]
+
+
+@pytest.mark.parametrize(
+  'changes, says',
+  [
+    (dict(reference_batch=True, frameworks=()), '--reference_batch compares frameworks'),
+    (dict(reference_batch=True, batch_size=8), '--reference_batch and --batch_size conflict'),
+    (dict(precisions=('bf16',), precision='fp32'), '--precision and --precisions conflict'),
+  ],
+)
+def test_conflicting_comparison_flags_are_refused(changes, says):
+  with pytest.raises(cli.UsageError, match=says):
+    frameworks._plans(args(**changes))
+
+
+def test_refusals_are_one_line_and_status_2_also_under_check(tmp_path):
+  site = harness.site(tmp_path, *harness.TOY_SITE)
+  common = ['--model=bert_base', '--frameworks=jax,pytorch', '--check']
+  r = harness.jaxbench(site, *common, '--reference_batch', '--batch_size=8')
+  harness.one_line_error(r, '--reference_batch and --batch_size conflict')
+  r = harness.jaxbench(site, '--model=bert_base', '--precisions=bf16,tf32', '--check')
+  harness.one_line_error(r, '--precisions is for sweeps (--store) and --frameworks')
+
+
+def test_check_says_the_precisions_batches_and_modes_it_accepts(tmp_path):
+  r = harness.jaxbench(
+    harness.site(tmp_path, *harness.TOY_SITE),
+    '--model=bert_base,transformer_big',
+    '--frameworks=jax,pytorch',
+    '--precisions=tf32,bf16',
+    '--reference_batch',
+    '--torch_compile',
+    '--check',
+  )
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.strip() == (
+    'jaxbench: ok: the flags are valid for bert_base, transformer_big at their reference '
+    'batches in tf32, bf16 under jax, pytorch eager, pytorch compiled'
+  )
 
 
 @pytest.mark.parametrize(
@@ -102,7 +229,9 @@ def test_check_accepts_both_frameworks(tmp_path):
     '--check',
   )
   assert r.returncode == 0, r.stderr
-  assert r.stdout.strip() == 'jaxbench: ok: the flags are valid for bert_base under jax, pytorch'
+  assert r.stdout.strip() == (
+    'jaxbench: ok: the flags are valid for bert_base under jax, pytorch eager, pytorch compiled'
+  )
 
 
 @pytest.mark.slow
@@ -128,7 +257,7 @@ def test_both_frameworks_run_in_their_own_processes_and_print_the_ratio(tmp_path
   assert lines[0].split()[:3] == ['workload', 'precision', 'max'], r.stdout
   row = cells(r.stdout.strip(), 2)
   jax_rate, torch_rate = (s['measurement']['units_per_s'] for s in stored)
-  assert row[4] == '1.00x' and row[7] == f'{jax_rate / torch_rate:.2f}x', r.stdout
+  assert row[5] == '1.00x' and row[8] == f'{jax_rate / torch_rate:.2f}x', r.stdout
   # Each framework ran in a child of its own: the progress names both commands.
   assert '--framework=jax' in r.stderr and '--framework=pytorch' in r.stderr
 

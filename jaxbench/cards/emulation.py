@@ -78,8 +78,10 @@ def request(a: cli.Args) -> Request:
     if not os.path.isdir(parent) or os.path.isdir(a.store):
       raise ValueError(f'--store: {a.store} is not a file in an existing directory')
     return Request(SWEEP, tuple(gpus))
-  if a.precisions:
-    raise ValueError('--precisions is for sweeps (--store); a single run takes --precision')
+  if a.precisions and not a.frameworks:
+    raise ValueError(
+      '--precisions is for sweeps (--store) and --frameworks; a single run takes --precision'
+    )
   if a.predict:
     if not gpus:
       raise ValueError('--predict needs the cards to predict for: --gpus, --gpu or --memory_gb')

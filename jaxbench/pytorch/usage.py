@@ -43,10 +43,21 @@ def torch_missing() -> str | None:
   return None
 
 
+def check_comparison(a: Any) -> None:
+  """Refused (one line) for the flags of a comparison (--frameworks) that conflict."""
+  if a.reference_batch and not a.frameworks:
+    raise Refused('--reference_batch compares frameworks: give --frameworks=jax,pytorch')
+  if a.reference_batch and a.batch_size is not None:
+    raise Refused('--reference_batch and --batch_size conflict: give one')
+  if a.frameworks and a.precisions and a.precision:
+    raise Refused('--precision and --precisions conflict: give one')
+
+
 def check(a: Any, workloads: tuple) -> None:
   """Refused (one line) for what a run measuring `frameworks(a)` of `workloads` cannot do."""
   if a.frameworks and a.framework != 'jax':
     raise Refused('--framework and --frameworks conflict: give one')
+  check_comparison(a)
   chosen = frameworks(a)
   if a.torch_compile and 'pytorch' not in chosen:
     raise Refused(

@@ -114,26 +114,30 @@ def _ratio(a: float | None, b: float | None) -> str:
   return '-' if not a or not b else f'{a / b:.2f}x'
 
 
-SIDE_BY_SIDE = (
-  'workload',
-  'precision',
-  'max batch JAX',
-  'max batch PyTorch',
-  'ratio',
-  'throughput JAX',
-  'throughput PyTorch',
-  'ratio',
-  'PyTorch compile s',
-)
+def _pytorch_mode(result: dict[str, Any]) -> str:
+  return 'compiled' if result.get('torch_compile') else 'eager'
 
 
 def side_by_side(results: Iterable[dict[str, Any]]) -> str:
-  """JAX and PyTorch results of the same workload and precision on one row, with the ratios
-  JAX max batch over PyTorch max batch and JAX units/s over PyTorch units/s ('-' where either
-  is missing)."""
-  pairs: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+  """JAX and PyTorch results of the same workload and precision on one row: the device, each
+  side's max batch and throughput, and the ratios JAX over PyTorch ('-' where either is missing).
+
+  PyTorch eager and compiled (--torch_compile) results get a column each, and the ratios are
+  JAX over the better of them, the comparison that matters: the best PyTorch offers; the compile
+  column holds the compiled side's first-step compile time.
+  """
+  results = list(results)
+  rows_by: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
   for r in results:
-    pairs.setdefault((r['workload'], r['precision']), {})[framework(r)] = r
+    key = 'jax' if framework(r) == 'jax' else _pytorch_mode(r)
+    rows_by.setdefault((r['workload'], r['precision']), {})[key] = r
+  torch_runs = [r for r in results if framework(r) != 'jax']
+  modes = [m for m in ('eager', 'compiled') if any(_pytorch_mode(r) == m for r in torch_runs)]
+  labels = {m: 'PyTorch' + (f' {m}' if 'compiled' in modes else '') for m in modes or ['eager']}
+  modes = list(labels)
+
+  def ok(r):
+    return r is not None and r['status'] == 'ok'
 
   def batch(r):
     if r is None:
@@ -142,32 +146,56 @@ def side_by_side(results: Iterable[dict[str, Any]]) -> str:
     return text if r['status'] == 'ok' else f"{text} ({r['status']})"
 
   def rate(r):
-    units = ((r or {}).get('measurement') or {}).get('units_per_s')
-    return None if units is None else units
+    return ((r or {}).get('measurement') or {}).get('units_per_s')
 
   def rate_text(r):
     units = rate(r)
     return '-' if units is None else f"{units:,.1f} {r['throughput_unit']}"
 
+  def best(values):
+    values = [v for v in values if v]
+    return max(values) if values else None
+
+  def device(by):
+    r = by.get('jax') or next(iter(by.values()))
+    dev = r.get('device') or {}
+    if dev.get('platform') == 'gpu':
+      return dev.get('kind', 'gpu')
+    return f"{dev.get('platform', '?').upper()} ({dev.get('kind', '?')})"
+
+  compiled = 'compiled' in modes
+  header = (
+    'workload',
+    'precision',
+    'device',
+    'max batch JAX',
+    *(f'max batch {labels[m]}' for m in modes),
+    'ratio',
+    'throughput JAX',
+    *(f'throughput {labels[m]}' for m in modes),
+    'ratio',
+    *(('compile s PyTorch',) if compiled else ()),
+  )
   rows = []
-  for (name, precision), by in pairs.items():
-    j, t = by.get('jax'), by.get('pytorch')
-    ok = [x is not None and x['status'] == 'ok' for x in (j, t)]
-    compile_s = ((t or {}).get('measurement') or {}).get('compile_s')
+  for (name, precision), by in rows_by.items():
+    j, torch_by = by.get('jax'), [by.get(m) for m in modes]
+    fits = best(t.get('max_batch') for t in torch_by if ok(t))
+    compile_s = ((by.get('compiled') or {}).get('measurement') or {}).get('compile_s')
     rows.append(
       (
         name,
         precision,
+        device(by),
         batch(j),
-        batch(t),
-        _ratio(j.get('max_batch'), t.get('max_batch')) if all(ok) else '-',
+        *(batch(t) for t in torch_by),
+        _ratio(j.get('max_batch'), fits) if ok(j) else '-',
         rate_text(j),
-        rate_text(t),
-        _ratio(rate(j), rate(t)),
-        _fmt(compile_s, '.1f'),
+        *(rate_text(t) for t in torch_by),
+        _ratio(rate(j), best(rate(t) for t in torch_by)),
+        *((_fmt(compile_s, '.1f'),) if compiled else ()),
       )
     )
-  return _aligned([SIDE_BY_SIDE, *rows])
+  return _aligned([header, *rows])
 
 
 def json_line(result: dict[str, Any]) -> str:
