@@ -44,6 +44,7 @@ USER_FLAGS = {
   'framework',
   'frameworks',
   'torch_compile',
+  'reference_batch',
   'train_steps',
   'checkpoint_dir',
   'checkpoint_every',

@@ -78,6 +78,7 @@ def test_side_by_side_puts_eager_and_compiled_apart_and_divides_by_the_better():
   assert bf16['precision'] == 'bf16' and tf32['precision'] == 'tf32'  # a row per precision
   assert bf16['throughput PyTorch eager'] == '1,000.0 sequences/s'
   assert bf16['throughput PyTorch compiled'] == '1,200.0 sequences/s'
+  # 'ratio' is the throughput's (the last column of that name)
   assert bf16['ratio'] == f'{1500 / 1200:.2f}x'  # against compiled, the better here
   assert tf32['ratio'] == '0.90x'  # against eager, the better here
   assert bf16['compile s PyTorch'] == '42.0' and tf32['compile s PyTorch'] == '40.0'
@@ -95,20 +96,23 @@ def test_side_by_side_has_no_ratio_where_a_side_failed_or_is_missing():
 
 def test_each_child_gets_the_flags_with_its_framework_and_output():
   argv = ['--model=bert_base', '--frameworks', 'jax,pytorch', '--output', 'all.jsonl', '--steps=4']
-  assert frameworks.child_args(argv, 'pytorch', '/t/p.jsonl', True) == [
+  pytorch = frameworks.Child('pytorch')
+  assert frameworks.child_args(argv, pytorch, '/t/p.jsonl', True) == [
     '--model=bert_base',
     '--steps=4',
     '--framework=pytorch',
+    '--notorch_compile',
     '--output=/t/p.jsonl',
     '--tiny',
   ]
   argv = ['--frameworks=jax,pytorch', '--notiny', '--torch_compile', '--output=x']
-  assert frameworks.child_args(argv, 'jax', 'j', False) == [
+  assert frameworks.child_args(argv, frameworks.Child('jax'), 'j', False) == [
     '--framework=jax',
     '--output=j',
     '--notiny',
   ]  # --torch_compile is the PyTorch side's
-  assert '--torch_compile' in frameworks.child_args(argv, 'pytorch', 'p', False)
+  compiled = frameworks.Child('pytorch', torch_compile=True)
+  assert '--torch_compile' in frameworks.child_args(argv, compiled, 'p', False)
 
 
 def args(**changes):
@@ -254,7 +258,7 @@ def test_both_frameworks_run_in_their_own_processes_and_print_the_ratio(tmp_path
   assert all(s['status'] == 'ok' and s['max_batch'] == 2 for s in stored)
   assert stored[1]['torch_version'] and stored[0]['jax_version']
   lines = r.stdout.strip().splitlines()
-  assert lines[0].split()[:3] == ['workload', 'precision', 'max'], r.stdout
+  assert lines[0].split()[:3] == ['workload', 'precision', 'device'], r.stdout
   row = cells(r.stdout.strip(), 2)
   jax_rate, torch_rate = (s['measurement']['units_per_s'] for s in stored)
   assert row[5] == '1.00x' and row[8] == f'{jax_rate / torch_rate:.2f}x', r.stdout

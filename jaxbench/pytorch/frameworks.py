@@ -47,7 +47,7 @@ REFERENCE_BATCH = {
 # also come as `--flag value`.
 _VALUED = ('--frameworks', '--output', '--framework', '--precisions', '--precision', '--model')
 _REWRITTEN = (*_VALUED, '--tiny', '--notiny', '--reference_batch', '--noreference_batch')
-_COMPILE = ('--torch_compile', '--notorch_compile')
+_COMPILE = ('--torch_compile', '--notorch_compile')  # each PyTorch child gets its own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,12 +90,10 @@ def children(a: cli.Args, workloads) -> list[Child]:
   return out
 
 
-def child_args(argv: Iterable[str], framework: str | Child, output: str, tiny: bool) -> list[str]:
-  """This command's flags for the child `framework` (a Child, or a framework's name for the
-  command's precision and workloads): --frameworks, --output and --framework replaced, the
+def child_args(argv: Iterable[str], child: Child, output: str, tiny: bool) -> list[str]:
+  """This command's flags for `child`: --frameworks, --output and --framework replaced, the
   preset fixed to this command's, the child's precision, workload and batch where it has its
-  own, and --torch_compile for the compiled PyTorch side only."""
-  child = framework if isinstance(framework, Child) else Child(framework, torch_compile=None)
+  own, and --torch_compile or --notorch_compile for the PyTorch side only."""
   own = {
     '--precision': child.precision is not None,
     '--precisions': True,
@@ -109,14 +107,12 @@ def child_args(argv: Iterable[str], framework: str | Child, output: str, tiny: b
       continue
     name = arg.split('=', 1)[0]
     dropped = own[name] if name in own else name in _REWRITTEN
-    if name in _COMPILE:
-      dropped = child.framework != 'pytorch' or child.torch_compile is not None
-    if dropped:
+    if dropped or name in _COMPILE:
       skip = '=' not in arg and (name in _VALUED or name == '--batch_size')
       continue
     out.append(arg)
   extra = [f'--framework={child.framework}']
-  if child.framework == 'pytorch' and child.torch_compile is not None:
+  if child.framework == 'pytorch':
     extra.append('--torch_compile' if child.torch_compile else '--notorch_compile')
   if child.precision is not None:
     extra.append(f'--precision={child.precision}')
