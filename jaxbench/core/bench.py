@@ -328,16 +328,9 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
     cache_loads=sum(t.cached and not t.earlier for t in found.trials),
     capped=found.capped,
   )
-  result['max_examples'] = found.max_examples
-  result['max_batch'] = found.max_examples * w.example_size(cfg)
-  if found.error is not None:
-    return {**result, 'status': 'error', 'error': found.error}
-  if found.best is None:
-    return {
-      **result,
-      'status': 'oom',
-      'error': 'not even one example fits' if opts.batch_size is None else found.trials[-1].detail,
-    }
+  ended = search_ended(result, found, w.example_size(cfg), opts)
+  if ended is not None:
+    return ended
   progress.set_phase(f'timing at {found.max_examples * w.example_size(cfg)} {w.unit}')
   progress.changed()
   log(f'  {w.name}: {progress.phase}')
@@ -403,6 +396,25 @@ def scaling(w, cfg, policy, opts, n: int, units_per_s: float, devices: int) -> d
     'efficiency': units_per_s / (devices * single),
     'error': None,
   }
+
+
+def search_ended(
+  result: dict[str, Any], found: search.Result, size: int, opts: Options
+) -> dict[str, Any] | None:
+  """Records the search's max batch (`size`: the batch units of one example) in `result`; the
+  finished result where the search left no batch to time (an error, or out of memory), else
+  None. Shared by the JAX and the PyTorch run."""
+  result['max_examples'] = found.max_examples
+  result['max_batch'] = found.max_examples * size
+  if found.error is not None:
+    return {**result, 'status': 'error', 'error': found.error}
+  if found.best is None:
+    return {
+      **result,
+      'status': 'oom',
+      'error': 'not even one example fits' if opts.batch_size is None else found.trials[-1].detail,
+    }
+  return None
 
 
 def trial_line(w: wl.Workload, t: search.Trial) -> str:

@@ -177,16 +177,9 @@ def _search_and_time(w, opts, cfg, program, result, progress, log) -> dict[str, 
     cache_loads=0,
     capped=found.capped,
   )
-  result['max_examples'] = found.max_examples
-  result['max_batch'] = found.max_examples * size
-  if found.error is not None:
-    return {**result, 'status': 'error', 'error': found.error}
-  if found.best is None:
-    return {
-      **result,
-      'status': 'oom',
-      'error': 'not even one example fits' if opts.batch_size is None else found.trials[-1].detail,
-    }
+  ended = core_bench.search_ended(result, found, size, opts)
+  if ended is not None:
+    return ended
   progress.set_phase(f'timing at {found.max_examples * size} {w.unit}')
   progress.changed()
   log(f'  {w.name}: {progress.phase}')

@@ -11,6 +11,7 @@ source is opened.
 
 from __future__ import annotations
 
+import abc
 import concurrent.futures
 import contextlib
 import io
@@ -55,7 +56,7 @@ def open_records(r: Recipe, data_dir: str | None):
     absl_log.setLevel(level)
 
 
-class _ReadAhead:
+class _ReadAhead(abc.ABC):
   """Reads `depth` batches ahead on a thread (`host_batch` of the positions that follow), puts
   each on the device, and hands them out by position."""
 
@@ -66,8 +67,9 @@ class _ReadAhead:
     self._loader = concurrent.futures.ThreadPoolExecutor(1)  # one batch after another
     self._ahead: dict[int, concurrent.futures.Future] = {}
 
+  @abc.abstractmethod
   def host_batch(self, position: int) -> Any:
-    raise NotImplementedError
+    """The batch at `position`, in host memory."""
 
   def _device_batch(self, position: int):
     import jax  # pylint: disable=g-import-not-at-top
