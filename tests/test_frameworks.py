@@ -6,7 +6,7 @@ import re
 import pytest
 
 from jaxbench import cli
-from jaxbench.pytorch import frameworks
+from jaxbench.pytorch import frameworks, usage
 from jaxbench.results import commands, measured, records, store
 from models import registry
 from tests import test_measured
@@ -113,6 +113,36 @@ def test_each_child_gets_the_flags_with_its_framework_and_output():
   ]  # --torch_compile is the PyTorch side's
   compiled = frameworks.Child('pytorch', torch_compile=True)
   assert '--torch_compile' in frameworks.child_args(argv, compiled, 'p', False)
+
+
+def test_xla_options_go_to_the_jax_children_only():
+  argv = [
+    '--frameworks=jax,pytorch',
+    '--compilation_cache_dir',
+    '/c',
+    '--autotune_level=2',
+    '--triton_gemm',
+    '--steps=4',
+  ]
+  assert frameworks.child_args(argv, frameworks.Child('pytorch'), 'p', False) == [
+    '--steps=4',
+    '--framework=pytorch',
+    '--notorch_compile',
+    '--output=p',
+    '--notiny',
+  ]
+  assert frameworks.child_args(argv, frameworks.Child('jax'), 'j', False) == [
+    *argv[1:],
+    '--framework=jax',
+    '--output=j',
+    '--notiny',
+  ]
+
+
+def test_a_pytorch_run_refuses_xla_options_a_comparison_passes_them_on():
+  with pytest.raises(usage.Refused, match='--compilation_cache_dir is for JAX runs'):
+    usage.check(args(frameworks=(), framework='pytorch', compilation_cache_dir='/c'), ())
+  usage.check(args(compilation_cache_dir="/c", triton_gemm=True), ())
 
 
 def args(**changes):

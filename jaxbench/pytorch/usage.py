@@ -23,6 +23,15 @@ _JAX_ONLY = (
   ('train_steps', '--train_steps'),
   ('checkpoint_dir', '--checkpoint_dir'),
 )
+# XLA's compiler options: a PyTorch run refuses them, and --frameworks gives them to its JAX
+# children only (frameworks.child_args).
+JAX_COMPILER = (
+  ('compilation_cache_dir', '--compilation_cache_dir'),
+  ('autotune_level', '--autotune_level'),
+  ('autotune_cache_dir', '--autotune_cache_dir'),
+  ('autotune_log', '--autotune_log'),
+  ('triton_gemm', '--triton_gemm'),
+)
 
 
 class Refused(ValueError):
@@ -66,7 +75,7 @@ def check(a: Any, workloads: tuple) -> None:
     )
   if 'pytorch' not in chosen:
     return
-  for field, name in _JAX_ONLY:
+  for field, name in _JAX_ONLY + (() if a.frameworks else JAX_COMPILER):
     value = getattr(a, field)
     if value not in (None, False, ()):
       raise Refused(f'{name} is for JAX runs: not with the pytorch framework')
