@@ -107,3 +107,24 @@ def test_the_report_tells_deviceless_predictions_apart():
   off_gpu = {**on_gpu, 'device': {'kind': 'NVIDIA H200', 'deviceless': True}}
   assert tables.source_label(on_gpu) == 'predicted fp32'
   assert tables.source_label(off_gpu) == 'predicted (deviceless) fp32'
+
+
+def _init_text(target, name, kernels: bool) -> str:
+  """The initialization of tiny `name` lowered for `target`, with or without threefry kernels."""
+  w = registry.get(name)
+  program = prog.Program(w, w.resolve(tiny=True, overrides={}), precision.get('fp32'))
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=jax.sharding.SingleDeviceSharding(target))
+  init = jax.jit(program.trainer.init)
+  if kernels:
+    with prog.threefry_as_kernels():
+      return init.trace(key).lower().as_text()
+  return init.trace(key).lower().as_text()
+
+
+def test_the_initial_state_draws_threefry_as_kernels_on_a_gpu():
+  target = _cuda_target()
+  if target is None:
+    pytest.skip("JAX's CUDA plugin is not installed (pip install -e '.[cuda]')")
+  assert 'cu_threefry2x32' in _init_text(target, 'bert_base', kernels=True)
+  assert 'cu_threefry2x32' not in _init_text(target, 'bert_base', kernels=False)

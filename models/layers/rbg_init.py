@@ -2,7 +2,9 @@
 
 Each threefry draw is a large unrolled hash that XLA compiles separately; a model with
 hundreds of convolution kernels spends most of its init compile there (4x longer on CPU
-for Darknet-53). The distributions are unchanged; only the bit generator differs.
+for Darknet-53). The distributions are unchanged; only the bit generator differs. On a GPU,
+where threefry is lowered to one kernel per draw while the initial state is built, they keep
+threefry (see `rbg`).
 """
 
 from typing import Any, Callable
@@ -21,5 +23,17 @@ def rbg_key(key: jax.Array) -> jax.Array:
 
 
 def rbg(base: Initializer) -> Initializer:
-  """`base` drawing its randomness from the RBG generator."""
-  return lambda key, shape, dtype=jnp.float32: base(rbg_key(key), shape, dtype)
+  """`base` drawing its randomness from the RBG generator, except where threefry is one kernel.
+
+  On a GPU the initial state is built with threefry lowered to a CUDA kernel per draw
+  (jaxbench.core.program.threefry_as_kernels), and there RngBitGenerator is the larger program:
+  XLA expands it into the hash's arithmetic for each draw (deeplabv3's initialization compiled
+  for an H200 in 51 s with it, 11 s with threefry kernels; yolov3's 13 s, 2 s).
+  """
+
+  def init(key, shape, dtype=jnp.float32):
+    if jax.config.jax_threefry_gpu_kernel_lowering and jax.default_backend() == 'gpu':
+      return base(key, shape, dtype)
+    return base(rbg_key(key), shape, dtype)
+
+  return init
