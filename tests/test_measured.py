@@ -18,7 +18,7 @@ from models import registry
 from models import workload as wl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KEPT = [os.path.join(ROOT, 'docs', 'results', n) for n in ('h200.jsonl', 'deviceless.jsonl')]
+KEPT = [os.path.join(ROOT, 'docs', 'results', n) for n in ('h200.jsonl', 'deviceless.jsonl', 'frameworks.jsonl')]
 FLAGS = flags.FLAGS
 
 
