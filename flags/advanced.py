@@ -6,6 +6,7 @@ Their defaults are what a benchmark run wants; --helpfull lists them, --helpshor
 from absl import flags
 
 from flags import validators
+from jaxbench import cli
 
 REMAT = flags.DEFINE_bool(
   'remat',
@@ -20,9 +21,9 @@ VERIFY_PREDICTED_OOM = flags.DEFINE_bool(
 )
 SEARCH_TOLERANCE = flags.DEFINE_float(
   'search_tolerance',
-  0.0,
+  cli.SEARCH_TOLERANCE,
   'Stop the search once the largest batch that fits and the smallest that fails are within '
-  'this fraction of the former (e.g. 0.01); 0 searches to one example.',
+  'this fraction of the former, or one example apart; 0 searches to one example.',
 )
 validators.fraction(SEARCH_TOLERANCE)
 SEARCH_HINTS = flags.DEFINE_list(

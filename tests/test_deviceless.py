@@ -114,7 +114,9 @@ def _init_text(target, name, kernels: bool) -> str:
   w = registry.get(name)
   program = prog.Program(w, w.resolve(tiny=True, overrides={}), precision.get('fp32'))
   key = jax.eval_shape(lambda: jax.random.key(0))
-  key = jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=jax.sharding.SingleDeviceSharding(target))
+  key = jax.ShapeDtypeStruct(
+    key.shape, key.dtype, sharding=jax.sharding.SingleDeviceSharding(target)
+  )
   init = jax.jit(program.trainer.init)
   if kernels:
     with prog.threefry_as_kernels():

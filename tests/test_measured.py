@@ -18,7 +18,10 @@ from models import registry
 from models import workload as wl
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KEPT = [os.path.join(ROOT, 'docs', 'results', n) for n in ('h200.jsonl', 'deviceless.jsonl', 'frameworks.jsonl')]
+KEPT = [
+  os.path.join(ROOT, 'docs', 'results', n)
+  for n in ('h200.jsonl', 'deviceless.jsonl', 'frameworks.jsonl')
+]
 FLAGS = flags.FLAGS
 
 
@@ -68,7 +71,7 @@ def _run(**changes):
     'jax_version': '0.11.2',
     'timestamp': '2026-12-01T23:41:00+00:00',
     'xla_flags': '--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=rematerialization',
-    'search': {'mode': 'search', 'tolerance': 0.0, 'trials': [{'examples': 164}]},
+    'search': {'mode': 'search', 'tolerance': cli.SEARCH_TOLERANCE, 'trials': [{'examples': 164}]},
     'measurement': {
       'units_per_s': 67.66851,
       'median_step_s': 2.4236,
@@ -89,6 +92,8 @@ def test_a_run_of_todays_program_has_no_label_and_a_command_without_sets(toy):
   assert commands.command_of(r) == (
     'python -m jaxbench.main --model=toy --precision=bf16 --warmup_steps=1 --steps=5 --windows=5'
   )
+  exact = _run(search={'mode': 'search', 'tolerance': 0.0, 'trials': [{'examples': 164}]})
+  assert '--precision=bf16 --search_tolerance=0 --warmup' in commands.command_of(exact)
 
 
 def test_an_earlier_revision_is_labelled_by_its_revision(toy):
@@ -206,7 +211,8 @@ def test_each_kept_results_command_parses_to_what_its_run_did():
         assert args.memory_limit_gb == (None if limit is None else pytest.approx(limit / 1e9))
       fixed = s['mode'] == 'fixed'
       assert o.batch_size == (r['max_batch'] if fixed else None)
-      assert o.search_tolerance == (s.get('tolerance') or 0.0)
+      if not fixed:
+        assert o.search_tolerance == (s.get('tolerance') or 0.0)
       assert args.autotune_level == records.autotune_level(r)
       if m:
         windows = len(m['window_step_s'])

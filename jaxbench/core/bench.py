@@ -11,6 +11,7 @@ from typing import Any
 import jax
 
 import jaxbench
+from jaxbench import cli
 from jaxbench.core import backend, environment, hints, mesh, search, timing
 from jaxbench.core import program as prog
 from jaxbench.core import progress as display
@@ -36,7 +37,7 @@ class Options:
   seed: int = 0
   max_examples: int = 1 << 20
   verify_predicted_oom: bool = False
-  search_tolerance: float = 0.0  # stop within this fraction of the max (0: to one example)
+  search_tolerance: float = cli.SEARCH_TOLERANCE  # within this fraction of the max (0: exact)
   search_hints: tuple[str, ...] = ()  # result files whose trials aim the search (hints.py)
   # Start from the decided trials in search_hints of earlier runs of this program under this
   # memory (hints.decided), rather than only aim at them.

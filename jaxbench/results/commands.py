@@ -10,6 +10,7 @@ what earlier_form names.
 import json
 from typing import Any
 
+from jaxbench import cli
 from jaxbench.cards import catalog
 from jaxbench.results import records, store
 from models import registry
@@ -122,8 +123,9 @@ def command_of(r: dict[str, Any]) -> str:
     args.append(f'--batch_size={r["max_batch"] * par.get("global_devices", 1)}')
   if search.get('capped'):
     args.append(f'--max_examples={r["max_examples"]}')
-  if search.get('tolerance'):
-    args.append(f'--search_tolerance={search["tolerance"]:g}')
+  tolerance = search.get('tolerance') or 0.0
+  if search.get('mode') != 'fixed' and tolerance != cli.SEARCH_TOLERANCE:
+    args.append(f'--search_tolerance={tolerance:g}')
   probes = {t.get('autotune_level') for t in search.get('trials') or []} - {None}
   if len(probes) == 1:
     args.append(f'--probe_autotune_level={probes.pop()}')

@@ -32,7 +32,8 @@ NOTES = [
   'its memory less what the driver and CUDA context take): its max batch is the card\'s, its '
   'throughput the measuring GPU\'s at that batch.',
   'max batch: the largest batch that fits, in the workload\'s unit (tokens = max_tokens for '
-  'translation), exact unless the search stopped within a tolerance (--search_tolerance); '
+  'translation), exact unless the search stopped within a tolerance of more than one example '
+  '(--search_tolerance); '
   '"fixed N": a batch given with --batch_size, no search; "≥N": every batch up to '
   '--max_examples fitted.',
   'step ms: the median of the timed windows\' mean step, ± half the spread between the fastest '
@@ -137,8 +138,10 @@ def _batch(r: dict[str, Any]) -> str:
     return f'fixed {n}'
   if store.lower_bound(r):
     return f'≥{n}'
-  tolerance = (r.get('search') or {}).get('tolerance')
-  return f'{n} (within {100 * tolerance:g}%)' if tolerance else n
+  tolerance = (r.get('search') or {}).get('tolerance') or 0.0
+  # Exact where the tolerance is under one example (search.find_max_batch stops one apart).
+  inexact = int(tolerance * r.get('max_examples', r['max_batch'])) >= 1
+  return f'{n} (within {100 * tolerance:g}%)' if inexact else n
 
 
 def _scaling(r: dict[str, Any]) -> str:
