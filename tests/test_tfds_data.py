@@ -4,6 +4,7 @@ TFDS's mock data (an image and a text workload); the bad cases are one line and 
 tensorflow-datasets is the optional extra `data`: the tests that read through it skip without it.
 """
 
+import importlib
 import json
 import os
 import subprocess
@@ -15,13 +16,17 @@ import pytest
 
 from jaxbench.train import recipes, tfds_data
 from models import precision, registry
+from models.unsupmt import noise as xlm_ids
 from tests.test_train import one_line_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The builders that TFDS registers only once their module is imported (mock data needs them).
+BUILDERS = {'unsupmt': 'tensorflow_datasets.translate.wmt14'}
 # The command line inside TFDS's mock data: records drawn from each dataset's features.
-MOCKED = """
+MOCKED = f"""
 import sys
 import tensorflow_datasets as tfds
+import {', '.join(sorted(set(BUILDERS.values())))}
 from absl import app
 from jaxbench import cli, main
 with tfds.testing.mock_data(num_examples=int(sys.argv.pop(1)),
@@ -158,6 +163,23 @@ def test_a_resumed_run_reads_the_batches_of_an_uninterrupted_one(tmp_path, cache
   )
 
 
+@pytest.mark.slow  # the step's compile, greedy generation included: about 40 s on one core
+def test_unsupmt_trains_on_mock_wmt14(tmp_path, cache):
+  out = tmp_path / 'r.jsonl'
+  r = mocked(
+    5,
+    '--model=unsupmt',
+    '--tiny',
+    '--batch_size=16',  # tokens: two sentences of 6 words and two EOS
+    '--train_steps=2',
+    '--data=tfds',
+    f'--output={out}',
+    cache,
+  )
+  assert r.returncode == 0, r.stderr
+  _trained(last_record(out), 'unsupmt', 'wmt14_translate/fr-en', 2)
+
+
 @pytest.mark.slow
 def test_nasnet_trains_on_mock_imagenet(tmp_path, cache):
   out = tmp_path / 'r.jsonl'
@@ -189,16 +211,20 @@ def test_synthetic_checkpoints_are_not_resumed_on_real_data(tmp_path, cache):
 
 def _source(workload, records, examples=3, seed=(7, 9)):
   tfds = pytest.importorskip('tensorflow_datasets')
+  if workload in BUILDERS:
+    importlib.import_module(BUILDERS[workload])
   w = registry.get(workload)
   cfg = w.resolve(tiny=True, overrides={})
   recipe = recipes.recipe(workload)
   with tfds.testing.mock_data(num_examples=records, policy=tfds.testing.MockPolicy.USE_CODE):
-    source = tfds_data.Tfds(recipe, cfg, tfds_data.open_records(recipe, None), examples, seed)
+    source = tfds_data.source(recipe, cfg, tfds_data.open_records(recipe, None), examples, seed)
   trainer = w.trainer(cfg, precision.get(w.default_precision))
   return source, jax.eval_shape(lambda k: trainer.make_batch(k, examples), jax.random.key(0))
 
 
-@pytest.mark.parametrize('workload,records', [('nasnet_large', 5), ('bert_squad', 4)])
+@pytest.mark.parametrize(
+  'workload,records', [('nasnet_large', 5), ('bert_squad', 4), ('unsupmt', 5)]
+)
 def test_batches_have_the_synthetic_shapes_and_follow_the_position(workload, records):
   source, shapes = _source(workload, records)
   try:
@@ -375,3 +401,38 @@ def test_mt_dnn_batches_hold_every_glue_task_at_the_synthetic_shapes():
   assert batch['sst']['segments'].sum() == 0 and batch['mnli']['segments'].sum() > 0
   assert described['parts']['stsb']['dataset'] == 'glue/stsb'
   assert described['parts']['sst']['dataset'] == 'glue/sst2'
+
+
+def test_unsupmt_reads_english_and_french_as_two_streams_in_their_own_orders():
+  source, _ = _source('unsupmt', 7, examples=3)
+  try:
+    batch = source.host_batch(1)
+  finally:
+    source.close()
+  en, fr = source.parts['en'], source.parts['fr']
+  sentence = lambda part, k: part.recipe.example(part.records[part._record(k)], part.cfg, None)  # noqa: E731
+  # Batch 1 reads records 6..11 of each stream: 3 for the auto-encoder, 3 for back-translation.
+  for i in range(3):
+    np.testing.assert_array_equal(batch['ae'][0, i], sentence(en, 6 + i)['sentence'])
+    np.testing.assert_array_equal(batch['ae'][1, i], sentence(fr, 6 + i)['sentence'])
+    np.testing.assert_array_equal(batch['bt'][0, i], sentence(en, 9 + i)['sentence'])
+    np.testing.assert_array_equal(batch['bt'][1, i], sentence(fr, 9 + i)['sentence'])
+  # The French of a slot is not the English's record: the two streams have their own orders.
+  assert [en._record(k) for k in range(7)] != [fr._record(k) for k in range(7)]
+  vocab, length = en.cfg['vocab'], en.cfg['seq_len']
+  for row in np.concatenate([batch['ae'], batch['bt']]).reshape(-1, length + 2):
+    end = list(row).index(xlm_ids.EOS, 1)  # the closing EOS
+    assert row[0] == xlm_ids.EOS and (row[end + 1 :] == xlm_ids.PAD).all()
+    assert all(xlm_ids.FIRST_WORD <= t < vocab for t in row[1:end])
+
+
+def test_xlm_sentences_use_xlm_ids_and_are_cut_to_seq_len():
+  cfg = dict(seq_len=3, vocab=64)
+  record = {'en': b'Yes', 'fr': b'Le chat dort.'}
+  parts = dict(recipes.RECIPES['unsupmt'].parts)
+  ids = lambda text: [recipes.word_id(w, 64, xlm_ids.FIRST_WORD) for w in text.split()]  # noqa: E731
+  eos, pad = xlm_ids.EOS, xlm_ids.PAD
+  fr = parts['fr'].example(record, cfg, None)['sentence']
+  assert list(fr) == [eos, *ids('le chat dort'), eos]  # the full stop cut
+  en = parts['en'].example(record, cfg, None)['sentence']
+  assert list(en) == [eos, *ids('yes'), eos, pad, pad] and en.dtype == np.int32

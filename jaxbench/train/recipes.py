@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from models.unsupmt import noise as xlm_ids
+
 Example = dict[str, np.ndarray]
 
 
@@ -28,8 +30,13 @@ class Recipe:
   split: str
   example: Callable[[Mapping[str, Any], Mapping[str, Any], np.random.Generator], Example]
   preprocessing: str  # in words, for the record and --help
-  # A batch of one sub-batch per part, each part its own dataset (MT-DNN's GLUE tasks).
+  # A batch of one sub-batch per part, each part its own dataset (MT-DNN's GLUE tasks) or its
+  # own order of one (XLM's English and French streams).
   parts: tuple[tuple[str, Recipe], ...] = ()
+  # The parts' sub-batches ({part: sub-batch}) to the workload's batch; None: that dict itself.
+  combine: Callable[[dict[str, Example]], Any] | None = None
+  # Records a part reads per example of the batch (XLM's two sub-steps in each language).
+  reads: int = 1
 
 
 # ImageNet, as slim's inception preprocessing trains NASNet.
@@ -128,9 +135,9 @@ def words(text: str) -> list[tuple[str, int, int]]:
   return [(m.group().lower(), m.start(), m.end()) for m in _WORDS.finditer(text)]
 
 
-def word_id(word: str, vocab: int) -> int:
-  """A word's stand-in token id: its CRC32 in [FIRST_WORD, vocab)."""
-  return FIRST_WORD + zlib.crc32(word.encode()) % (vocab - FIRST_WORD)
+def word_id(word: str, vocab: int, first: int = FIRST_WORD) -> int:
+  """A word's stand-in token id: its CRC32 in [first, vocab) (the ids below are reserved)."""
+  return first + zlib.crc32(word.encode()) % (vocab - first)
 
 
 def _text(value: Any) -> str:
@@ -152,6 +159,28 @@ def _translation(source: str, target: str, vocabs: tuple[str, str]):
     return {'source': src, 'target': tgt, 'target_in': np.concatenate([[EOS], tgt[:-1]])}
 
   return example
+
+
+def _monolingual(language: str):
+  """One side of a translation record as an XLM sentence on its own: EOS w1 .. wn EOS PAD ..,
+  n cut to seq_len, in XLM's dictionary ids (its EOS, PAD and first word)."""
+
+  def example(record, cfg, rng) -> Example:
+    del rng
+    length, vocab = cfg['seq_len'], cfg['vocab']
+    ids = [word_id(w, vocab, xlm_ids.FIRST_WORD) for w, _, _ in words(_text(record[language]))]
+    ids = [xlm_ids.EOS, *ids[:length], xlm_ids.EOS]
+    return {'sentence': np.array(ids + [xlm_ids.PAD] * (length + 2 - len(ids)), np.int32)}
+
+  return example
+
+
+def _xlm_batch(streams: dict[str, Example]) -> Example:
+  """2n English and 2n French sentences to XLM's batch: the first n of each language for the
+  auto-encoder steps, the next n for back-translation, each stacked [en, fr]."""
+  en, fr = streams['en']['sentence'], streams['fr']['sentence']
+  n = len(en) // 2
+  return {'ae': np.stack([en[:n], fr[:n]]), 'bt': np.stack([en[n:], fr[n:]])}
 
 
 def _squad(record, cfg, rng) -> Example:
@@ -257,6 +286,21 @@ RECIPES: dict[str, Recipe] = {
     'train',
     _translation('en', 'de', ('src_vocab', 'tgt_vocab')),
     f'English to German, each sentence cut to its length, EOS, padded; {HASHED}',
+  ),
+  # XLM trains on monolingual news text: the English and the French sides of WMT14's training
+  # pairs are read as two streams, each in its own order, so no batch holds a pair's two sides
+  # as such.
+  'unsupmt': Recipe(
+    'wmt14_translate/fr-en',
+    'train',
+    None,
+    'the English and the French sides as two monolingual streams in their own orders, each '
+    f'sentence EOS w1 .. wn EOS cut to seq_len words, padded (XLM without its BPE); {HASHED}',
+    parts=tuple(
+      (language, Recipe('wmt14_translate/fr-en', 'train', _monolingual(language), '', reads=2))
+      for language in ('en', 'fr')
+    ),
+    combine=_xlm_batch,
   ),
   'mt_dnn': Recipe(
     'glue',
