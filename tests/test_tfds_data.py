@@ -21,7 +21,10 @@ from tests.test_train import one_line_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The builders that TFDS registers only once their module is imported (mock data needs them).
-BUILDERS = {'unsupmt': 'tensorflow_datasets.translate.wmt14'}
+BUILDERS = {
+  'unsupmt': 'tensorflow_datasets.translate.wmt14',
+  'bert_base': 'tensorflow_datasets.text.wikipedia',
+}
 # The command line inside TFDS's mock data: records drawn from each dataset's features.
 MOCKED = f"""
 import sys
@@ -163,6 +166,22 @@ def test_a_resumed_run_reads_the_batches_of_an_uninterrupted_one(tmp_path, cache
   )
 
 
+def test_bert_base_trains_on_mock_wikipedia(tmp_path, cache):
+  out = tmp_path / 'r.jsonl'
+  r = mocked(
+    5,
+    '--model=bert_base',
+    '--tiny',
+    '--batch_size=4',
+    '--train_steps=2',
+    '--data=tfds',
+    f'--output={out}',
+    cache,
+  )
+  assert r.returncode == 0, r.stderr
+  _trained(last_record(out), 'bert_base', 'wikipedia/20230601.en', 2)
+
+
 @pytest.mark.slow  # the step's compile, greedy generation included: about 40 s on one core
 def test_unsupmt_trains_on_mock_wmt14(tmp_path, cache):
   out = tmp_path / 'r.jsonl'
@@ -223,7 +242,8 @@ def _source(workload, records, examples=3, seed=(7, 9)):
 
 
 @pytest.mark.parametrize(
-  'workload,records', [('nasnet_large', 5), ('bert_squad', 4), ('unsupmt', 5)]
+  'workload,records',
+  [('nasnet_large', 5), ('bert_squad', 4), ('unsupmt', 5), ('bert_base', 5)],
 )
 def test_batches_have_the_synthetic_shapes_and_follow_the_position(workload, records):
   source, shapes = _source(workload, records)
@@ -436,3 +456,44 @@ def test_xlm_sentences_use_xlm_ids_and_are_cut_to_seq_len():
   assert list(fr) == [eos, *ids('le chat dort'), eos]  # the full stop cut
   en = parts['en'].example(record, cfg, None)['sentence']
   assert list(en) == [eos, *ids('yes'), eos, pad, pad] and en.dtype == np.int32
+
+
+def test_bert_pretraining_pairs_mask_words_and_label_the_next_sentence():
+  cfg = dict(seq_len=16, masked=4, vocab=128)
+  article = {'text': 'One two three. Four five six!\nSeven eight nine ten?'}
+  other = {'text': 'Alpha beta gamma.'}
+  own = recipes.sentences(article['text'])
+  assert own == ['One two three.', 'Four five six!', 'Seven eight nine ten?']
+  pairs = {0: {(a, b) for a, b in zip(own, own[1:])}, 1: {(a, 'Alpha beta gamma.') for a in own}}
+  example = recipes.RECIPES['bert_base'].example
+  labels, kinds = [], []
+  for seed in range(60):
+    ex = example((article, other), cfg, np.random.default_rng(seed))
+    tokens, k = ex['tokens'], int(ex['masked_weights'].sum())
+    positions, ids = ex['masked_positions'][:k], ex['masked_ids'][:k]
+    restored = tokens.copy()
+    restored[positions] = ids
+    label = int(ex['next_sentence'])
+    # The pair is the article's sentence and its next (0), or another article's sentence (1).
+    assert any(
+      np.array_equal(restored, recipes.pair(a, b, 128, 16)[0])
+      and np.array_equal(ex['segments'], recipes.pair(a, b, 128, 16)[1])
+      for a, b in pairs[label]
+    )
+    used = np.count_nonzero(restored)
+    assert k == min(4, max(1, round(used * 0.15)))  # 15% of the tokens, up to masked
+    assert list(positions) == sorted(set(positions)) and (ids >= recipes.FIRST_WORD).all()
+    assert not ex['masked_positions'][k:].any() and not ex['masked_weights'][k:].any()
+    assert (tokens < 128).all() and (ex['masked_ids'] < 128).all()
+    labels.append(label)
+    kinds += [
+      'mask' if t == recipes.MASK else 'kept' if t == i else 'random'
+      for t, i in zip(tokens[positions], ids)
+    ]
+  # 2/3 random: the last sentence has no next, the others half the time.
+  assert 0.5 < np.mean(labels) < 0.8
+  assert 0.6 < kinds.count('mask') / len(kinds) < 0.95 and {'kept', 'random'} <= set(kinds)
+  alone = {'text': 'Only one sentence here.'}
+  assert all(
+    example((alone, other), cfg, np.random.default_rng(s))['next_sentence'] == 1 for s in range(5)
+  )

@@ -37,6 +37,9 @@ class Recipe:
   combine: Callable[[dict[str, Example]], Any] | None = None
   # Records a part reads per example of the batch (XLM's two sub-steps in each language).
   reads: int = 1
+  # Other records, drawn at random, that each example reads after its own (BERT's random next
+  # sentence): the example's first argument is then the tuple (record, *others).
+  others: int = 0
 
 
 # ImageNet, as slim's inception preprocessing trains NASNet.
@@ -126,6 +129,7 @@ def _coco(record, cfg, rng) -> Example:
 # reserved ids, the same on every machine.
 
 PAD, CLS, EOS, SEP = 0, 1, 2, 3  # PAD and EOS are the models' own; CLS and SEP BERT's markers
+MASK = EOS  # BERT's [MASK]: the id of EOS, which BERT's text never holds
 FIRST_WORD = 4
 _WORDS = re.compile(r'\w+|[^\w\s]')
 
@@ -251,6 +255,53 @@ def _glue(fields: tuple[str, ...], regression: bool = False):
   return example
 
 
+_SENTENCE_END = re.compile(r'(?<=[.!?])\s+|\n+')
+
+
+def sentences(text: str) -> list[str]:
+  """The sentences of `text`: its lines, split after each full stop, question or exclamation
+  mark that a space follows; empty ones dropped."""
+  return [s for s in (s.strip() for s in _SENTENCE_END.split(text)) if s]
+
+
+def _bert_pretraining(records, cfg, rng) -> Example:
+  """create_pretraining_data.py's example for one sentence pair: a random sentence of the
+  article, then 50% its next sentence (label 0) and 50% a random sentence of another article
+  (label 1; always where the article has no next); [CLS] a [SEP] b [SEP] cut to seq_len as
+  `pair` does; 15% of the tokens (at least one, at most `masked`, never [CLS] or [SEP]) chosen
+  for prediction, in position order: 80% replaced by [MASK], 10% by a random word, 10% kept."""
+  record, other = records
+  vocab, length, masked = cfg['vocab'], cfg['seq_len'], cfg['masked']
+  own = sentences(_text(record['text']))
+  i = int(rng.integers(len(own))) if own else 0
+  first = own[i] if own else ''
+  if i + 1 < len(own) and rng.random() < 0.5:
+    second, label = own[i + 1], 0
+  else:
+    theirs = sentences(_text(other['text']))
+    second, label = (theirs[int(rng.integers(len(theirs)))] if theirs else ''), 1
+  tokens, segments = pair(first, second, vocab, length)
+  candidates = np.flatnonzero(tokens >= FIRST_WORD)
+  used = int(np.count_nonzero(tokens))
+  k = min(masked, max(1, round(used * 0.15)), len(candidates))
+  chosen = np.sort(rng.permutation(candidates)[:k])
+  originals = tokens[chosen].copy()
+  draw = rng.random(k)
+  tokens[chosen] = np.where(
+    draw < 0.8, MASK, np.where(draw < 0.9, tokens[chosen], rng.integers(FIRST_WORD, vocab, k))
+  )
+  positions, ids, weights = (np.zeros(masked, t) for t in (np.int32, np.int32, np.float32))
+  positions[:k], ids[:k], weights[:k] = chosen, originals, 1.0
+  return {
+    'tokens': tokens,
+    'segments': segments,
+    'masked_positions': positions,
+    'masked_ids': ids,
+    'masked_weights': weights,
+    'next_sentence': np.int32(label),
+  }
+
+
 HASHED = 'words hashed into the vocabulary (CRC32), a stand-in for the original tokenizer'
 RECIPES: dict[str, Recipe] = {
   'nasnet_large': Recipe(
@@ -268,6 +319,14 @@ RECIPES: dict[str, Recipe] = {
     _coco,
     'the whole image resized to image x image, random flip, pixels in [0, 1], up to max_boxes '
     'non-crowd boxes in random order as (cx, cy, w, h) (darknet without jitter and HSV)',
+  ),
+  'bert_base': Recipe(
+    'wikipedia/20230601.en',
+    'train',
+    _bert_pretraining,
+    '[CLS] sentence [SEP] next or random sentence [SEP] (50/50, the NSP label), 15% of the '
+    f'tokens up to masked predicted (80% [MASK], 10% random, 10% kept); {HASHED}',
+    others=1,
   ),
   'bert_squad': Recipe(
     'squad/v1.1',

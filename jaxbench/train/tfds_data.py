@@ -122,7 +122,13 @@ class Tfds(_ReadAhead):
 
     def one(i: int) -> Example:
       rng = np.random.default_rng([*self.seed, position, i])
-      return self.recipe.example(self.records[indices[i]], self.cfg, rng)
+      record = self.records[indices[i]]
+      if self.recipe.others:
+        # Others than the example's own record, where there are others.
+        draws = rng.integers(max(self.size - 1, 1), size=self.recipe.others)
+        others = [self.records[int(j + (j >= indices[i] and self.size > 1))] for j in draws]
+        record = (record, *others)
+      return self.recipe.example(record, self.cfg, rng)
 
     examples = list(self._workers.map(one, range(self.examples)))
     return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
