@@ -86,8 +86,8 @@ def test_tfds_feeds_training_runs_only():
 
 
 def test_a_workload_without_a_dataset_lists_those_with_one():
-  r = jaxbench('--model=stylegan', '--tiny', '--train_steps=1', '--data=tfds', '--check')
-  one_line_error(r, 'stylegan has no TFDS dataset wired')
+  r = jaxbench('--model=deeplabv3', '--tiny', '--train_steps=1', '--data=tfds', '--check')
+  one_line_error(r, 'deeplabv3 has no TFDS dataset wired')
   assert 'nasnet_large (imagenet2012)' in r.stderr and 'bert_squad (squad/v1.1)' in r.stderr
 
 
@@ -182,6 +182,22 @@ def test_bert_base_trains_on_mock_wikipedia(tmp_path, cache):
   _trained(last_record(out), 'bert_base', 'wikipedia/20230601.en', 2)
 
 
+def test_stylegan_trains_on_mock_celeb_a_hq(tmp_path, cache):
+  out = tmp_path / 'r.jsonl'
+  r = mocked(
+    4,
+    '--model=stylegan',
+    '--tiny',
+    '--batch_size=4',
+    '--train_steps=2',
+    '--data=tfds',
+    f'--output={out}',
+    cache,
+  )
+  assert r.returncode == 0, r.stderr
+  _trained(last_record(out), 'stylegan', 'celeb_a_hq/1024', 2)
+
+
 @pytest.mark.slow  # the step's compile, greedy generation included: about 40 s on one core
 def test_unsupmt_trains_on_mock_wmt14(tmp_path, cache):
   out = tmp_path / 'r.jsonl'
@@ -243,7 +259,7 @@ def _source(workload, records, examples=3, seed=(7, 9)):
 
 @pytest.mark.parametrize(
   'workload,records',
-  [('nasnet_large', 5), ('bert_squad', 4), ('unsupmt', 5), ('bert_base', 5)],
+  [('nasnet_large', 5), ('bert_squad', 4), ('unsupmt', 5), ('bert_base', 5), ('stylegan', 4)],
 )
 def test_batches_have_the_synthetic_shapes_and_follow_the_position(workload, records):
   source, shapes = _source(workload, records)
@@ -497,3 +513,22 @@ def test_bert_pretraining_pairs_mask_words_and_label_the_next_sentence():
   assert all(
     example((alone, other), cfg, np.random.default_rng(s))['next_sentence'] == 1 for s in range(5)
   )
+
+
+def test_stylegan_images_are_box_filtered_flipped_and_in_minus_one_to_one():
+  image = np.zeros((32, 32, 3), np.uint8)
+  image[:, :14] = 255  # white up to column 14: at 8 x 8, columns 0-2 white, column 3 half
+  example = recipes.RECIPES['stylegan'].example
+  left = np.array([1, 1, 1, 0, -1, -1, -1, -1], np.float32)
+  seen = set()
+  for seed in range(8):
+    images = example({'image': image}, {'resolution': 8}, np.random.default_rng(seed))['images']
+    assert images.shape == (8, 8, 3) and images.dtype == np.float32
+    flipped = images[0, 0, 0] < 0
+    expected = np.tile(left[::-1] if flipped else left, (8, 1))
+    np.testing.assert_allclose(images[:, :, 0], expected, atol=2 / 255)  # one uint8 step
+    seen.add(bool(flipped))
+  assert seen == {False, True}  # the mirror augmentation
+  grey = np.full((4, 6), 51, np.uint8)  # smaller and grey: resized up, three channels
+  images = example({'image': grey}, {'resolution': 8}, np.random.default_rng(0))['images']
+  np.testing.assert_allclose(images, np.full((8, 8, 3), 51 * 2 / 255 - 1), atol=1e-6)

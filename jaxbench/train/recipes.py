@@ -124,6 +124,27 @@ def _coco(record, cfg, rng) -> Example:
   }
 
 
+def _celeba_hq(record, cfg, rng) -> Example:
+  """StyleGAN's training image: the whole image at the resolution (a box filter down, as
+  dataset_tool.py's 2x2 averages per halving; bilinear up), flipped left-right half the time
+  (--mirror-augment), pixels in [-1, 1]."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  size = cfg['resolution']
+  image = np.asarray(record['image'])
+  if image.ndim == 2 or image.shape[-1] == 1:
+    image = np.repeat(image.reshape(*image.shape[:2], 1), 3, axis=-1)
+  image = image[..., :3]
+  if image.shape[:2] != (size, size):
+    down = image.shape[0] >= size and image.shape[1] >= size
+    resample = Image.Resampling.BOX if down else Image.Resampling.BILINEAR
+    image = np.asarray(Image.fromarray(image).resize((size, size), resample))
+  pixels = image.astype(np.float32)
+  if rng.random() < 0.5:
+    pixels = pixels[:, ::-1]
+  return {'images': pixels * (2.0 / 255.0) - 1.0}
+
+
 # Text: the originals' tokenizers (BERT's WordPiece vocabulary, fairseq's BPE codes) are files
 # that are not at hand offline; a word's id is its CRC32 hashed into the vocabulary above the
 # reserved ids, the same on every machine.
@@ -319,6 +340,14 @@ RECIPES: dict[str, Recipe] = {
     _coco,
     'the whole image resized to image x image, random flip, pixels in [0, 1], up to max_boxes '
     'non-crowd boxes in random order as (cx, cy, w, h) (darknet without jitter and HSV)',
+  ),
+  # StyleGAN's FFHQ is not in TFDS: CelebA-HQ, its other 1024x1024 face set, stands in.
+  'stylegan': Recipe(
+    'celeb_a_hq/1024',
+    'train',
+    _celeba_hq,
+    'CelebA-HQ (FFHQ is not in TFDS; a manual download) at the resolution (box filter down), '
+    'random left-right flip (mirror augment), pixels in [-1, 1]',
   ),
   'bert_base': Recipe(
     'wikipedia/20230601.en',
