@@ -198,6 +198,22 @@ def test_stylegan_trains_on_mock_celeb_a_hq(tmp_path, cache):
   _trained(last_record(out), 'stylegan', 'celeb_a_hq/1024', 2)
 
 
+def test_pix2pixhd_trains_on_mock_cityscapes(tmp_path, cache):
+  out = tmp_path / 'r.jsonl'
+  r = mocked(
+    3,
+    '--model=pix2pixhd',
+    '--tiny',
+    '--batch_size=2',
+    '--train_steps=2',
+    '--data=tfds',
+    f'--output={out}',
+    cache,
+  )
+  assert r.returncode == 0, r.stderr
+  _trained(last_record(out), 'pix2pixhd', 'cityscapes/semantic_segmentation', 2)
+
+
 @pytest.mark.slow  # the step's compile, greedy generation included: about 40 s on one core
 def test_unsupmt_trains_on_mock_wmt14(tmp_path, cache):
   out = tmp_path / 'r.jsonl'
@@ -259,7 +275,14 @@ def _source(workload, records, examples=3, seed=(7, 9)):
 
 @pytest.mark.parametrize(
   'workload,records',
-  [('nasnet_large', 5), ('bert_squad', 4), ('unsupmt', 5), ('bert_base', 5), ('stylegan', 4)],
+  [
+    ('nasnet_large', 5),
+    ('bert_squad', 4),
+    ('unsupmt', 5),
+    ('bert_base', 5),
+    ('stylegan', 4),
+    ('pix2pixhd', 4),
+  ],
 )
 def test_batches_have_the_synthetic_shapes_and_follow_the_position(workload, records):
   source, shapes = _source(workload, records)
@@ -532,3 +555,35 @@ def test_stylegan_images_are_box_filtered_flipped_and_in_minus_one_to_one():
   grey = np.full((4, 6), 51, np.uint8)  # smaller and grey: resized up, three channels
   images = example({'image': grey}, {'resolution': 8}, np.random.default_rng(0))['images']
   np.testing.assert_allclose(images, np.full((8, 8, 3), 51 * 2 / 255 - 1), atol=1e-6)
+
+
+def test_cityscapes_labels_stay_classes_and_their_boundaries_are_the_instance_edges():
+  cfg = dict(height=4, width=8, label_nc=35, feat_num=3)
+  labels = np.zeros((8, 16, 1), np.uint8)
+  labels[:, :4] = 7  # a road on the left quarter
+  labels[4:, 8:] = 36  # an id past label_nc: wraps onto class 1
+  image = np.zeros((8, 16, 3), np.uint8)
+  image[:, :4] = 255  # white where the road is
+  record = {'segmentation_label': labels, 'image_left': image, 'image_id': 'x'}
+  example = recipes.RECIPES['pix2pixhd'].example
+  seen = set()
+  for seed in range(8):
+    ex = example(record, cfg, np.random.default_rng(seed))
+    flipped = ex['label'][0, -1] == 7
+    seen.add(bool(flipped))
+    expected = np.zeros((4, 8), np.int32)
+    expected[:, :2], expected[2:, 4:] = 7, 1
+    expected = expected[:, ::-1] if flipped else expected
+    np.testing.assert_array_equal(ex['label'], expected)  # nearest: no blended ids
+    np.testing.assert_array_equal(ex['instance'], expected)
+    # Bilinear: the road's white blends into the black beside it, where the labels do not.
+    image = ex['image'][:, ::-1] if flipped else ex['image']
+    assert ex['image'].shape == (4, 8, 3)
+    assert (image[:, 0] == 1).all() and (image[:, 3:] == -1).all()
+    assert (np.abs(image[:, 1:3]) < 1).all()
+    feature = ex['feature']
+    assert feature.shape == (4, 8, 3) and np.abs(feature).max() <= 1
+    # One vector per class, constant over its pixels.
+    assert all(len(np.unique(feature[expected == c], axis=0)) == 1 for c in (0, 1, 7))
+    assert len(np.unique(feature.reshape(-1, 3), axis=0)) == 3
+  assert seen == {False, True}

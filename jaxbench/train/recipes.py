@@ -145,6 +145,34 @@ def _celeba_hq(record, cfg, rng) -> Example:
   return {'images': pixels * (2.0 / 255.0) - 1.0}
 
 
+def _cityscapes(record, cfg, rng) -> Example:
+  """pix2pixHD's training pair at height x width: the label map resized nearest (ids of label_nc
+  and above wrap onto its classes), the image bilinearly in [-1, 1], both flipped left-right
+  half the time (its default without --no_flip). TFDS has no instance ids: the label map
+  stands in for them, so the step's instance edges are the label boundaries; each class gets
+  one random feature vector in [-1, 1] (feat_num channels), constant over its pixels as the
+  precomputed --load_features maps are over an instance's."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  h, w, classes = cfg['height'], cfg['width'], cfg['label_nc']
+  labels = np.asarray(record['segmentation_label'])
+  labels = labels.reshape(labels.shape[:2])
+  labels = np.asarray(Image.fromarray(labels).resize((w, h), Image.Resampling.NEAREST))
+  labels = labels.astype(np.int32) % classes
+  image = np.asarray(record['image_left'])[..., :3]
+  pixels = np.asarray(Image.fromarray(image).resize((w, h), Image.Resampling.BILINEAR), np.float32)
+  if rng.random() < 0.5:
+    labels, pixels = labels[:, ::-1], pixels[:, ::-1]
+  features = rng.uniform(-1.0, 1.0, (classes, cfg['feat_num'])).astype(np.float32)
+  labels = np.ascontiguousarray(labels)
+  return {
+    'label': labels,
+    'instance': labels.copy(),
+    'feature': features[labels],
+    'image': np.ascontiguousarray(pixels) * (2.0 / 255.0) - 1.0,
+  }
+
+
 # Text: the originals' tokenizers (BERT's WordPiece vocabulary, fairseq's BPE codes) are files
 # that are not at hand offline; a word's id is its CRC32 hashed into the vocabulary above the
 # reserved ids, the same on every machine.
@@ -348,6 +376,14 @@ RECIPES: dict[str, Recipe] = {
     _celeba_hq,
     'CelebA-HQ (FFHQ is not in TFDS; a manual download) at the resolution (box filter down), '
     'random left-right flip (mirror augment), pixels in [-1, 1]',
+  ),
+  'pix2pixhd': Recipe(
+    'cityscapes/semantic_segmentation',
+    'train',
+    _cityscapes,
+    'label map resized nearest, image bilinearly in [-1, 1], random flip; TFDS has no instance '
+    'ids, so the instance edges are the label boundaries and the features one random vector '
+    'per class',
   ),
   'bert_base': Recipe(
     'wikipedia/20230601.en',
