@@ -1,5 +1,5 @@
 """--data=tfds: training on a workload's TFDS dataset with the original's preprocessing, on
-TFDS's mock data (an image and a text workload); the bad cases are one line and status 2.
+TFDS's mock data and hand-made records; the bad cases are one line and status 2.
 
 tensorflow-datasets is the optional extra `data`: the tests that read through it skip without it.
 """
@@ -214,7 +214,7 @@ def test_pix2pixhd_trains_on_mock_cityscapes(tmp_path, cache):
   _trained(last_record(out), 'pix2pixhd', 'cityscapes/semantic_segmentation', 2)
 
 
-@pytest.mark.slow  # the step's compile, greedy generation included: about 40 s on one core
+@pytest.mark.slow  # the step's compile, greedy generation included: over 30 s on one core
 def test_unsupmt_trains_on_mock_wmt14(tmp_path, cache):
   out = tmp_path / 'r.jsonl'
   r = mocked(

@@ -173,9 +173,9 @@ def _cityscapes(record, cfg, rng) -> Example:
   }
 
 
-# Text: the originals' tokenizers (BERT's WordPiece vocabulary, fairseq's BPE codes) are files
-# that are not at hand offline; a word's id is its CRC32 hashed into the vocabulary above the
-# reserved ids, the same on every machine.
+# Text: the originals' tokenizers (BERT's WordPiece vocabulary, fairseq's and XLM's BPE codes)
+# are files that are not at hand offline; a word's id is its CRC32 hashed into the vocabulary
+# above the reserved ids, the same on every machine.
 
 PAD, CLS, EOS, SEP = 0, 1, 2, 3  # PAD and EOS are the models' own; CLS and SEP BERT's markers
 MASK = EOS  # BERT's [MASK]: the id of EOS, which BERT's text never holds
