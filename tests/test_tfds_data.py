@@ -1,9 +1,10 @@
 """--data=tfds: training on a workload's TFDS dataset with the original's preprocessing, on
-TFDS's mock data (an image and a text workload); the bad cases are one line and status 2.
+TFDS's mock data and hand-made records; the bad cases are one line and status 2.
 
 tensorflow-datasets is the optional extra `data`: the tests that read through it skip without it.
 """
 
+import importlib
 import json
 import os
 import subprocess
@@ -15,13 +16,20 @@ import pytest
 
 from jaxbench.train import recipes, tfds_data
 from models import precision, registry
+from models.unsupmt import noise as xlm_ids
 from tests.test_train import one_line_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The builders that TFDS registers only once their module is imported (mock data needs them).
+BUILDERS = {
+  'unsupmt': 'tensorflow_datasets.translate.wmt14',
+  'bert_base': 'tensorflow_datasets.text.wikipedia',
+}
 # The command line inside TFDS's mock data: records drawn from each dataset's features.
-MOCKED = """
+MOCKED = f"""
 import sys
 import tensorflow_datasets as tfds
+import {', '.join(sorted(set(BUILDERS.values())))}
 from absl import app
 from jaxbench import cli, main
 with tfds.testing.mock_data(num_examples=int(sys.argv.pop(1)),
@@ -78,8 +86,8 @@ def test_tfds_feeds_training_runs_only():
 
 
 def test_a_workload_without_a_dataset_lists_those_with_one():
-  r = jaxbench('--model=stylegan', '--tiny', '--train_steps=1', '--data=tfds', '--check')
-  one_line_error(r, 'stylegan has no TFDS dataset wired')
+  r = jaxbench('--model=deeplabv3', '--tiny', '--train_steps=1', '--data=tfds', '--check')
+  one_line_error(r, 'deeplabv3 has no TFDS dataset wired')
   assert 'nasnet_large (imagenet2012)' in r.stderr and 'bert_squad (squad/v1.1)' in r.stderr
 
 
@@ -158,6 +166,71 @@ def test_a_resumed_run_reads_the_batches_of_an_uninterrupted_one(tmp_path, cache
   )
 
 
+def test_bert_base_trains_on_mock_wikipedia(tmp_path, cache):
+  out = tmp_path / 'r.jsonl'
+  r = mocked(
+    5,
+    '--model=bert_base',
+    '--tiny',
+    '--batch_size=4',
+    '--train_steps=2',
+    '--data=tfds',
+    f'--output={out}',
+    cache,
+  )
+  assert r.returncode == 0, r.stderr
+  _trained(last_record(out), 'bert_base', 'wikipedia/20230601.en', 2)
+
+
+def test_stylegan_trains_on_mock_celeb_a_hq(tmp_path, cache):
+  out = tmp_path / 'r.jsonl'
+  r = mocked(
+    4,
+    '--model=stylegan',
+    '--tiny',
+    '--batch_size=4',
+    '--train_steps=2',
+    '--data=tfds',
+    f'--output={out}',
+    cache,
+  )
+  assert r.returncode == 0, r.stderr
+  _trained(last_record(out), 'stylegan', 'celeb_a_hq/1024', 2)
+
+
+def test_pix2pixhd_trains_on_mock_cityscapes(tmp_path, cache):
+  out = tmp_path / 'r.jsonl'
+  r = mocked(
+    3,
+    '--model=pix2pixhd',
+    '--tiny',
+    '--batch_size=2',
+    '--train_steps=2',
+    '--data=tfds',
+    f'--output={out}',
+    cache,
+  )
+  assert r.returncode == 0, r.stderr
+  _trained(last_record(out), 'pix2pixhd', 'cityscapes/semantic_segmentation', 2)
+
+
+@pytest.mark.slow  # the step's compile, greedy generation included: over 30 s on one core
+def test_unsupmt_trains_on_mock_wmt14(tmp_path, cache):
+  out = tmp_path / 'r.jsonl'
+  r = mocked(
+    5,
+    '--model=unsupmt',
+    '--tiny',
+    '--batch_size=16',  # tokens: two sentences of 6 words and two EOS
+    '--train_steps=2',
+    '--data=tfds',
+    f'--output={out}',
+    cache,
+  )
+  assert r.returncode == 0, r.stderr
+  _trained(last_record(out), 'unsupmt', 'wmt14_translate/fr-en', 2)
+
+
 @pytest.mark.slow
 def test_nasnet_trains_on_mock_imagenet(tmp_path, cache):
   out = tmp_path / 'r.jsonl'
@@ -189,16 +262,28 @@ def test_synthetic_checkpoints_are_not_resumed_on_real_data(tmp_path, cache):
 
 def _source(workload, records, examples=3, seed=(7, 9)):
   tfds = pytest.importorskip('tensorflow_datasets')
+  if workload in BUILDERS:
+    importlib.import_module(BUILDERS[workload])
   w = registry.get(workload)
   cfg = w.resolve(tiny=True, overrides={})
   recipe = recipes.recipe(workload)
   with tfds.testing.mock_data(num_examples=records, policy=tfds.testing.MockPolicy.USE_CODE):
-    source = tfds_data.Tfds(recipe, cfg, tfds_data.open_records(recipe, None), examples, seed)
+    source = tfds_data.source(recipe, cfg, tfds_data.open_records(recipe, None), examples, seed)
   trainer = w.trainer(cfg, precision.get(w.default_precision))
   return source, jax.eval_shape(lambda k: trainer.make_batch(k, examples), jax.random.key(0))
 
 
-@pytest.mark.parametrize('workload,records', [('nasnet_large', 5), ('bert_squad', 4)])
+@pytest.mark.parametrize(
+  'workload,records',
+  [
+    ('nasnet_large', 5),
+    ('bert_squad', 4),
+    ('unsupmt', 5),
+    ('bert_base', 5),
+    ('stylegan', 4),
+    ('pix2pixhd', 4),
+  ],
+)
 def test_batches_have_the_synthetic_shapes_and_follow_the_position(workload, records):
   source, shapes = _source(workload, records)
   try:
@@ -375,3 +460,130 @@ def test_mt_dnn_batches_hold_every_glue_task_at_the_synthetic_shapes():
   assert batch['sst']['segments'].sum() == 0 and batch['mnli']['segments'].sum() > 0
   assert described['parts']['stsb']['dataset'] == 'glue/stsb'
   assert described['parts']['sst']['dataset'] == 'glue/sst2'
+
+
+def test_unsupmt_reads_english_and_french_as_two_streams_in_their_own_orders():
+  source, _ = _source('unsupmt', 7, examples=3)
+  try:
+    batch = source.host_batch(1)
+  finally:
+    source.close()
+  en, fr = source.parts['en'], source.parts['fr']
+  sentence = lambda part, k: part.recipe.example(part.records[part._record(k)], part.cfg, None)  # noqa: E731
+  # Batch 1 reads records 6..11 of each stream: 3 for the auto-encoder, 3 for back-translation.
+  for i in range(3):
+    np.testing.assert_array_equal(batch['ae'][0, i], sentence(en, 6 + i)['sentence'])
+    np.testing.assert_array_equal(batch['ae'][1, i], sentence(fr, 6 + i)['sentence'])
+    np.testing.assert_array_equal(batch['bt'][0, i], sentence(en, 9 + i)['sentence'])
+    np.testing.assert_array_equal(batch['bt'][1, i], sentence(fr, 9 + i)['sentence'])
+  # The French of a slot is not the English's record: the two streams have their own orders.
+  assert [en._record(k) for k in range(7)] != [fr._record(k) for k in range(7)]
+  vocab, length = en.cfg['vocab'], en.cfg['seq_len']
+  for row in np.concatenate([batch['ae'], batch['bt']]).reshape(-1, length + 2):
+    end = list(row).index(xlm_ids.EOS, 1)  # the closing EOS
+    assert row[0] == xlm_ids.EOS and (row[end + 1 :] == xlm_ids.PAD).all()
+    assert all(xlm_ids.FIRST_WORD <= t < vocab for t in row[1:end])
+
+
+def test_xlm_sentences_use_xlm_ids_and_are_cut_to_seq_len():
+  cfg = dict(seq_len=3, vocab=64)
+  record = {'en': b'Yes', 'fr': b'Le chat dort.'}
+  parts = dict(recipes.RECIPES['unsupmt'].parts)
+  ids = lambda text: [recipes.word_id(w, 64, xlm_ids.FIRST_WORD) for w in text.split()]  # noqa: E731
+  eos, pad = xlm_ids.EOS, xlm_ids.PAD
+  fr = parts['fr'].example(record, cfg, None)['sentence']
+  assert list(fr) == [eos, *ids('le chat dort'), eos]  # the full stop cut
+  en = parts['en'].example(record, cfg, None)['sentence']
+  assert list(en) == [eos, *ids('yes'), eos, pad, pad] and en.dtype == np.int32
+
+
+def test_bert_pretraining_pairs_mask_words_and_label_the_next_sentence():
+  cfg = dict(seq_len=16, masked=4, vocab=128)
+  article = {'text': 'One two three. Four five six!\nSeven eight nine ten?'}
+  other = {'text': 'Alpha beta gamma.'}
+  own = recipes.sentences(article['text'])
+  assert own == ['One two three.', 'Four five six!', 'Seven eight nine ten?']
+  pairs = {0: {(a, b) for a, b in zip(own, own[1:])}, 1: {(a, 'Alpha beta gamma.') for a in own}}
+  example = recipes.RECIPES['bert_base'].example
+  labels, kinds = [], []
+  for seed in range(60):
+    ex = example((article, other), cfg, np.random.default_rng(seed))
+    tokens, k = ex['tokens'], int(ex['masked_weights'].sum())
+    positions, ids = ex['masked_positions'][:k], ex['masked_ids'][:k]
+    restored = tokens.copy()
+    restored[positions] = ids
+    label = int(ex['next_sentence'])
+    # The pair is the article's sentence and its next (0), or another article's sentence (1).
+    assert any(
+      np.array_equal(restored, recipes.pair(a, b, 128, 16)[0])
+      and np.array_equal(ex['segments'], recipes.pair(a, b, 128, 16)[1])
+      for a, b in pairs[label]
+    )
+    used = np.count_nonzero(restored)
+    assert k == min(4, max(1, round(used * 0.15)))  # 15% of the tokens, up to masked
+    assert list(positions) == sorted(set(positions)) and (ids >= recipes.FIRST_WORD).all()
+    assert not ex['masked_positions'][k:].any() and not ex['masked_weights'][k:].any()
+    assert (tokens < 128).all() and (ex['masked_ids'] < 128).all()
+    labels.append(label)
+    kinds += [
+      'mask' if t == recipes.MASK else 'kept' if t == i else 'random'
+      for t, i in zip(tokens[positions], ids)
+    ]
+  # 2/3 random: the last sentence has no next, the others half the time.
+  assert 0.5 < np.mean(labels) < 0.8
+  assert 0.6 < kinds.count('mask') / len(kinds) < 0.95 and {'kept', 'random'} <= set(kinds)
+  alone = {'text': 'Only one sentence here.'}
+  assert all(
+    example((alone, other), cfg, np.random.default_rng(s))['next_sentence'] == 1 for s in range(5)
+  )
+
+
+def test_stylegan_images_are_box_filtered_flipped_and_in_minus_one_to_one():
+  image = np.zeros((32, 32, 3), np.uint8)
+  image[:, :14] = 255  # white up to column 14: at 8 x 8, columns 0-2 white, column 3 half
+  example = recipes.RECIPES['stylegan'].example
+  left = np.array([1, 1, 1, 0, -1, -1, -1, -1], np.float32)
+  seen = set()
+  for seed in range(8):
+    images = example({'image': image}, {'resolution': 8}, np.random.default_rng(seed))['images']
+    assert images.shape == (8, 8, 3) and images.dtype == np.float32
+    flipped = images[0, 0, 0] < 0
+    expected = np.tile(left[::-1] if flipped else left, (8, 1))
+    np.testing.assert_allclose(images[:, :, 0], expected, atol=2 / 255)  # one uint8 step
+    seen.add(bool(flipped))
+  assert seen == {False, True}  # the mirror augmentation
+  grey = np.full((4, 6), 51, np.uint8)  # smaller and grey: resized up, three channels
+  images = example({'image': grey}, {'resolution': 8}, np.random.default_rng(0))['images']
+  np.testing.assert_allclose(images, np.full((8, 8, 3), 51 * 2 / 255 - 1), atol=1e-6)
+
+
+def test_cityscapes_labels_stay_classes_and_their_boundaries_are_the_instance_edges():
+  cfg = dict(height=4, width=8, label_nc=35, feat_num=3)
+  labels = np.zeros((8, 16, 1), np.uint8)
+  labels[:, :4] = 7  # a road on the left quarter
+  labels[4:, 8:] = 36  # an id past label_nc: wraps onto class 1
+  image = np.zeros((8, 16, 3), np.uint8)
+  image[:, :4] = 255  # white where the road is
+  record = {'segmentation_label': labels, 'image_left': image, 'image_id': 'x'}
+  example = recipes.RECIPES['pix2pixhd'].example
+  seen = set()
+  for seed in range(8):
+    ex = example(record, cfg, np.random.default_rng(seed))
+    flipped = ex['label'][0, -1] == 7
+    seen.add(bool(flipped))
+    expected = np.zeros((4, 8), np.int32)
+    expected[:, :2], expected[2:, 4:] = 7, 1
+    expected = expected[:, ::-1] if flipped else expected
+    np.testing.assert_array_equal(ex['label'], expected)  # nearest: no blended ids
+    np.testing.assert_array_equal(ex['instance'], expected)
+    # Bilinear: the road's white blends into the black beside it, where the labels do not.
+    image = ex['image'][:, ::-1] if flipped else ex['image']
+    assert ex['image'].shape == (4, 8, 3)
+    assert (image[:, 0] == 1).all() and (image[:, 3:] == -1).all()
+    assert (np.abs(image[:, 1:3]) < 1).all()
+    feature = ex['feature']
+    assert feature.shape == (4, 8, 3) and np.abs(feature).max() <= 1
+    # One vector per class, constant over its pixels.
+    assert all(len(np.unique(feature[expected == c], axis=0)) == 1 for c in (0, 1, 7))
+    assert len(np.unique(feature.reshape(-1, 3), axis=0)) == 3
+  assert seen == {False, True}

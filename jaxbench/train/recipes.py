@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from models.unsupmt import noise as xlm_ids
+
 Example = dict[str, np.ndarray]
 
 
@@ -28,8 +30,16 @@ class Recipe:
   split: str
   example: Callable[[Mapping[str, Any], Mapping[str, Any], np.random.Generator], Example]
   preprocessing: str  # in words, for the record and --help
-  # A batch of one sub-batch per part, each part its own dataset (MT-DNN's GLUE tasks).
+  # A batch of one sub-batch per part, each part its own dataset (MT-DNN's GLUE tasks) or its
+  # own order of one (XLM's English and French streams).
   parts: tuple[tuple[str, Recipe], ...] = ()
+  # The parts' sub-batches ({part: sub-batch}) to the workload's batch; None: that dict itself.
+  combine: Callable[[dict[str, Example]], Any] | None = None
+  # Records a part reads per example of the batch (XLM's two sub-steps in each language).
+  reads: int = 1
+  # Other records, drawn at random, that each example reads after its own (BERT's random next
+  # sentence): the example's first argument is then the tuple (record, *others).
+  others: int = 0
 
 
 # ImageNet, as slim's inception preprocessing trains NASNet.
@@ -114,11 +124,61 @@ def _coco(record, cfg, rng) -> Example:
   }
 
 
-# Text: the originals' tokenizers (BERT's WordPiece vocabulary, fairseq's BPE codes) are files
-# that are not at hand offline; a word's id is its CRC32 hashed into the vocabulary above the
-# reserved ids, the same on every machine.
+def _celeba_hq(record, cfg, rng) -> Example:
+  """StyleGAN's training image: the whole image at the resolution (a box filter down, as
+  dataset_tool.py's 2x2 averages per halving; bilinear up), flipped left-right half the time
+  (--mirror-augment), pixels in [-1, 1]."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  size = cfg['resolution']
+  image = np.asarray(record['image'])
+  if image.ndim == 2 or image.shape[-1] == 1:
+    image = np.repeat(image.reshape(*image.shape[:2], 1), 3, axis=-1)
+  image = image[..., :3]
+  if image.shape[:2] != (size, size):
+    down = image.shape[0] >= size and image.shape[1] >= size
+    resample = Image.Resampling.BOX if down else Image.Resampling.BILINEAR
+    image = np.asarray(Image.fromarray(image).resize((size, size), resample))
+  pixels = image.astype(np.float32)
+  if rng.random() < 0.5:
+    pixels = pixels[:, ::-1]
+  return {'images': pixels * (2.0 / 255.0) - 1.0}
+
+
+def _cityscapes(record, cfg, rng) -> Example:
+  """pix2pixHD's training pair at height x width: the label map resized nearest (ids of label_nc
+  and above wrap onto its classes), the image bilinearly in [-1, 1], both flipped left-right
+  half the time (its default without --no_flip). TFDS has no instance ids: the label map
+  stands in for them, so the step's instance edges are the label boundaries; each class gets
+  one random feature vector in [-1, 1] (feat_num channels), constant over its pixels as the
+  precomputed --load_features maps are over an instance's."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  h, w, classes = cfg['height'], cfg['width'], cfg['label_nc']
+  labels = np.asarray(record['segmentation_label'])
+  labels = labels.reshape(labels.shape[:2])
+  labels = np.asarray(Image.fromarray(labels).resize((w, h), Image.Resampling.NEAREST))
+  labels = labels.astype(np.int32) % classes
+  image = np.asarray(record['image_left'])[..., :3]
+  pixels = np.asarray(Image.fromarray(image).resize((w, h), Image.Resampling.BILINEAR), np.float32)
+  if rng.random() < 0.5:
+    labels, pixels = labels[:, ::-1], pixels[:, ::-1]
+  features = rng.uniform(-1.0, 1.0, (classes, cfg['feat_num'])).astype(np.float32)
+  labels = np.ascontiguousarray(labels)
+  return {
+    'label': labels,
+    'instance': labels.copy(),
+    'feature': features[labels],
+    'image': np.ascontiguousarray(pixels) * (2.0 / 255.0) - 1.0,
+  }
+
+
+# Text: the originals' tokenizers (BERT's WordPiece vocabulary, fairseq's and XLM's BPE codes)
+# are files that are not at hand offline; a word's id is its CRC32 hashed into the vocabulary
+# above the reserved ids, the same on every machine.
 
 PAD, CLS, EOS, SEP = 0, 1, 2, 3  # PAD and EOS are the models' own; CLS and SEP BERT's markers
+MASK = EOS  # BERT's [MASK]: the id of EOS, which BERT's text never holds
 FIRST_WORD = 4
 _WORDS = re.compile(r'\w+|[^\w\s]')
 
@@ -128,9 +188,9 @@ def words(text: str) -> list[tuple[str, int, int]]:
   return [(m.group().lower(), m.start(), m.end()) for m in _WORDS.finditer(text)]
 
 
-def word_id(word: str, vocab: int) -> int:
-  """A word's stand-in token id: its CRC32 in [FIRST_WORD, vocab)."""
-  return FIRST_WORD + zlib.crc32(word.encode()) % (vocab - FIRST_WORD)
+def word_id(word: str, vocab: int, first: int = FIRST_WORD) -> int:
+  """A word's stand-in token id: its CRC32 in [first, vocab) (the ids below are reserved)."""
+  return first + zlib.crc32(word.encode()) % (vocab - first)
 
 
 def _text(value: Any) -> str:
@@ -152,6 +212,28 @@ def _translation(source: str, target: str, vocabs: tuple[str, str]):
     return {'source': src, 'target': tgt, 'target_in': np.concatenate([[EOS], tgt[:-1]])}
 
   return example
+
+
+def _monolingual(language: str):
+  """One side of a translation record as an XLM sentence on its own: EOS w1 .. wn EOS PAD ..,
+  n cut to seq_len, in XLM's dictionary ids (its EOS, PAD and first word)."""
+
+  def example(record, cfg, rng) -> Example:
+    del rng
+    length, vocab = cfg['seq_len'], cfg['vocab']
+    ids = [word_id(w, vocab, xlm_ids.FIRST_WORD) for w, _, _ in words(_text(record[language]))]
+    ids = [xlm_ids.EOS, *ids[:length], xlm_ids.EOS]
+    return {'sentence': np.array(ids + [xlm_ids.PAD] * (length + 2 - len(ids)), np.int32)}
+
+  return example
+
+
+def _xlm_batch(streams: dict[str, Example]) -> Example:
+  """2n English and 2n French sentences to XLM's batch: the first n of each language for the
+  auto-encoder steps, the next n for back-translation, each stacked [en, fr]."""
+  en, fr = streams['en']['sentence'], streams['fr']['sentence']
+  n = len(en) // 2
+  return {'ae': np.stack([en[:n], fr[:n]]), 'bt': np.stack([en[n:], fr[n:]])}
 
 
 def _squad(record, cfg, rng) -> Example:
@@ -222,6 +304,53 @@ def _glue(fields: tuple[str, ...], regression: bool = False):
   return example
 
 
+_SENTENCE_END = re.compile(r'(?<=[.!?])\s+|\n+')
+
+
+def sentences(text: str) -> list[str]:
+  """The sentences of `text`: its lines, split after each full stop, question or exclamation
+  mark that a space follows; empty ones dropped."""
+  return [s for s in (s.strip() for s in _SENTENCE_END.split(text)) if s]
+
+
+def _bert_pretraining(records, cfg, rng) -> Example:
+  """create_pretraining_data.py's example for one sentence pair: a random sentence of the
+  article, then 50% its next sentence (label 0) and 50% a random sentence of another article
+  (label 1; always where the article has no next); [CLS] a [SEP] b [SEP] cut to seq_len as
+  `pair` does; 15% of the tokens (at least one, at most `masked`, never [CLS] or [SEP]) chosen
+  for prediction, in position order: 80% replaced by [MASK], 10% by a random word, 10% kept."""
+  record, other = records
+  vocab, length, masked = cfg['vocab'], cfg['seq_len'], cfg['masked']
+  own = sentences(_text(record['text']))
+  i = int(rng.integers(len(own))) if own else 0
+  first = own[i] if own else ''
+  if i + 1 < len(own) and rng.random() < 0.5:
+    second, label = own[i + 1], 0
+  else:
+    theirs = sentences(_text(other['text']))
+    second, label = (theirs[int(rng.integers(len(theirs)))] if theirs else ''), 1
+  tokens, segments = pair(first, second, vocab, length)
+  candidates = np.flatnonzero(tokens >= FIRST_WORD)
+  used = int(np.count_nonzero(tokens))
+  k = min(masked, max(1, round(used * 0.15)), len(candidates))
+  chosen = np.sort(rng.permutation(candidates)[:k])
+  originals = tokens[chosen].copy()
+  draw = rng.random(k)
+  tokens[chosen] = np.where(
+    draw < 0.8, MASK, np.where(draw < 0.9, tokens[chosen], rng.integers(FIRST_WORD, vocab, k))
+  )
+  positions, ids, weights = (np.zeros(masked, t) for t in (np.int32, np.int32, np.float32))
+  positions[:k], ids[:k], weights[:k] = chosen, originals, 1.0
+  return {
+    'tokens': tokens,
+    'segments': segments,
+    'masked_positions': positions,
+    'masked_ids': ids,
+    'masked_weights': weights,
+    'next_sentence': np.int32(label),
+  }
+
+
 HASHED = 'words hashed into the vocabulary (CRC32), a stand-in for the original tokenizer'
 RECIPES: dict[str, Recipe] = {
   'nasnet_large': Recipe(
@@ -240,6 +369,30 @@ RECIPES: dict[str, Recipe] = {
     'the whole image resized to image x image, random flip, pixels in [0, 1], up to max_boxes '
     'non-crowd boxes in random order as (cx, cy, w, h) (darknet without jitter and HSV)',
   ),
+  # StyleGAN's FFHQ is not in TFDS: CelebA-HQ, its other 1024x1024 face set, stands in.
+  'stylegan': Recipe(
+    'celeb_a_hq/1024',
+    'train',
+    _celeba_hq,
+    'CelebA-HQ (FFHQ is not in TFDS; a manual download) at the resolution (box filter down), '
+    'random left-right flip (mirror augment), pixels in [-1, 1]',
+  ),
+  'pix2pixhd': Recipe(
+    'cityscapes/semantic_segmentation',
+    'train',
+    _cityscapes,
+    'label map resized nearest, image bilinearly in [-1, 1], random flip; TFDS has no instance '
+    'ids, so the instance edges are the label boundaries and the features one random vector '
+    'per class',
+  ),
+  'bert_base': Recipe(
+    'wikipedia/20230601.en',
+    'train',
+    _bert_pretraining,
+    '[CLS] sentence [SEP] next or random sentence [SEP] (50/50, the NSP label), 15% of the '
+    f'tokens up to masked predicted (80% [MASK], 10% random, 10% kept); {HASHED}',
+    others=1,
+  ),
   'bert_squad': Recipe(
     'squad/v1.1',
     'train',
@@ -257,6 +410,21 @@ RECIPES: dict[str, Recipe] = {
     'train',
     _translation('en', 'de', ('src_vocab', 'tgt_vocab')),
     f'English to German, each sentence cut to its length, EOS, padded; {HASHED}',
+  ),
+  # XLM trains on monolingual news text: the English and the French sides of WMT14's training
+  # pairs are read as two streams, each in its own order, so no batch holds a pair's two sides
+  # as such.
+  'unsupmt': Recipe(
+    'wmt14_translate/fr-en',
+    'train',
+    None,
+    'the English and the French sides as two monolingual streams in their own orders, each '
+    f'sentence EOS w1 .. wn EOS cut to seq_len words, padded (XLM without its BPE); {HASHED}',
+    parts=tuple(
+      (language, Recipe('wmt14_translate/fr-en', 'train', _monolingual(language), '', reads=2))
+      for language in ('en', 'fr')
+    ),
+    combine=_xlm_batch,
   ),
   'mt_dnn': Recipe(
     'glue',

@@ -122,7 +122,13 @@ class Tfds(_ReadAhead):
 
     def one(i: int) -> Example:
       rng = np.random.default_rng([*self.seed, position, i])
-      return self.recipe.example(self.records[indices[i]], self.cfg, rng)
+      record = self.records[indices[i]]
+      if self.recipe.others:
+        # Others than the example's own record, where there are others.
+        draws = rng.integers(max(self.size - 1, 1), size=self.recipe.others)
+        others = [self.records[int(j + (j >= indices[i] and self.size > 1))] for j in draws]
+        record = (record, *others)
+      return self.recipe.example(record, self.cfg, rng)
 
     examples = list(self._workers.map(one, range(self.examples)))
     return {k: np.stack([e[k] for e in examples]) for k in examples[0]}
@@ -145,19 +151,21 @@ class Tfds(_ReadAhead):
 
 
 class Parts(_ReadAhead):
-  """One sub-batch of `examples` per part of the recipe, each read by its own `Tfds` (its
-  order seeded by the seed and the part's index): MT-DNN's batch of every GLUE task."""
+  """One sub-batch of `examples` (times the part's `reads`) per part of the recipe, each read by
+  its own `Tfds` (its order seeded by the seed and the part's index): MT-DNN's batch of every
+  GLUE task, XLM's English and French streams; the recipe's `combine` makes them one batch."""
 
   def __init__(self, r: Recipe, cfg, records, examples: int, seed: tuple[int, ...], depth: int = 2):
     super().__init__(depth)
     self.recipe = r
     self.parts = {
-      key: Tfds(part, cfg, records[key], examples, (*seed, j), depth)
+      key: Tfds(part, cfg, records[key], examples * part.reads, (*seed, j), depth)
       for j, (key, part) in enumerate(r.parts)
     }
 
   def host_batch(self, position: int) -> dict[str, Any]:
-    return {key: part.host_batch(position) for key, part in self.parts.items()}
+    batches = {key: part.host_batch(position) for key, part in self.parts.items()}
+    return self.recipe.combine(batches) if self.recipe.combine else batches
 
   def describe(self, position: int) -> dict[str, Any]:
     """The datasets, and where the next batch comes from: its position and each one's epoch."""
