@@ -25,11 +25,20 @@ BUILDERS = {
   'unsupmt': 'tensorflow_datasets.translate.wmt14',
   'bert_base': 'tensorflow_datasets.text.wikipedia',
 }
+# TFDS's coco builder names TensorFlow's int64 for one feature: with NumPy's in its place, its
+# mock data is drawn without TensorFlow.
+COCO_WITHOUT_TENSORFLOW = """
+import types
+import numpy
+from tensorflow_datasets.object_detection import coco
+coco.tf = types.SimpleNamespace(int64=numpy.int64)
+"""
 # The command line inside TFDS's mock data: records drawn from each dataset's features.
 MOCKED = f"""
 import sys
 import tensorflow_datasets as tfds
 import {', '.join(sorted(set(BUILDERS.values())))}
+{COCO_WITHOUT_TENSORFLOW}
 from absl import app
 from jaxbench import cli, main
 with tfds.testing.mock_data(num_examples=int(sys.argv.pop(1)),
@@ -214,6 +223,23 @@ def test_pix2pixhd_trains_on_mock_cityscapes(tmp_path, cache):
   _trained(last_record(out), 'pix2pixhd', 'cityscapes/semantic_segmentation', 2)
 
 
+@pytest.mark.slow  # the step's compile: over 30 s on one core
+def test_mask_rcnn_trains_on_mock_coco_panoptic(tmp_path, cache):
+  out = tmp_path / 'r.jsonl'
+  r = mocked(
+    3,
+    '--model=mask_rcnn',
+    '--tiny',
+    '--batch_size=2',
+    '--train_steps=2',
+    '--data=tfds',
+    f'--output={out}',
+    cache,
+  )
+  assert r.returncode == 0, r.stderr
+  _trained(last_record(out), 'mask_rcnn', 'coco/2017_panoptic:1.1.0', 2)
+
+
 @pytest.mark.slow  # the step's compile, greedy generation included: over 30 s on one core
 def test_unsupmt_trains_on_mock_wmt14(tmp_path, cache):
   out = tmp_path / 'r.jsonl'
@@ -264,6 +290,7 @@ def _source(workload, records, examples=3, seed=(7, 9)):
   tfds = pytest.importorskip('tensorflow_datasets')
   if workload in BUILDERS:
     importlib.import_module(BUILDERS[workload])
+  exec(COCO_WITHOUT_TENSORFLOW, {})
   w = registry.get(workload)
   cfg = w.resolve(tiny=True, overrides={})
   recipe = recipes.recipe(workload)
@@ -282,6 +309,7 @@ def _source(workload, records, examples=3, seed=(7, 9)):
     ('bert_base', 5),
     ('stylegan', 4),
     ('pix2pixhd', 4),
+    ('mask_rcnn', 4),
   ],
 )
 def test_batches_have_the_synthetic_shapes_and_follow_the_position(workload, records):
@@ -587,3 +615,79 @@ def test_cityscapes_labels_stay_classes_and_their_boundaries_are_the_instance_ed
     assert all(len(np.unique(feature[expected == c], axis=0)) == 1 for c in (0, 1, 7))
     assert len(np.unique(feature.reshape(-1, 3), axis=0)) == 3
   assert seen == {False, True}
+
+
+def _panoptic_record(segments, objects, image=None):
+  """A COCO panoptic record: `segments` the id of each pixel (written into the PNG's RGB as
+  id = R + 256 G + 256^2 B) and `objects` (id, label, is_crowd) per segment."""
+  segments = np.asarray(segments, np.int64)
+  png = np.stack([segments % 256, segments // 256 % 256, segments // 65536], -1).astype(np.uint8)
+  ids, labels, crowd = zip(*objects)
+  return {
+    'image': np.zeros((*segments.shape, 3), np.uint8) if image is None else image,
+    'panoptic_image': png,
+    'panoptic_objects': {
+      'id': np.array(ids, np.int64),
+      'label': np.array(labels, np.int64),
+      'is_crowd': np.array(crowd, bool),
+      'bbox': np.zeros((len(ids), 4), np.float32),
+    },
+  }
+
+
+def test_mask_rcnn_instances_are_the_panoptic_thing_segments_after_resize_and_flip():
+  # 16 x 24 pixels: maskrcnn-benchmark's 800 x 1200, which the 64 x 96 canvas scales to 4x.
+  cfg = dict(image_size=(64, 96), max_instances=3, gt_mask_size=8, num_classes=81)
+  segments = np.zeros((16, 24), np.int64)  # 0: unlabelled
+  segments[2:10, 2:14] = 300_000  # rectangle A, its top-left quarter covered by B
+  segments[2:6, 2:8] = 70_000  # rectangle B
+  segments[12:16, 20:24] = 5  # a crowd of people: no instance
+  segments[12:16, 0:4] = 6  # stuff (label 80 on): no instance
+  image = np.zeros((16, 24, 3), np.uint8)
+  image[..., :] = (10, 20, 30)  # RGB
+  objects = [(5, 0, True), (300_000, 79, False), (6, 100, False), (70_000, 0, False)]
+  record = _panoptic_record(segments, objects, image)
+  quarter = np.ones((8, 8), np.uint8)
+  quarter[:4, :4] = 0  # A's mask over its box: all but B's quarter
+  example = recipes.RECIPES['mask_rcnn'].example
+  seen = set()
+  for seed in range(8):
+    ex = example(record, cfg, np.random.default_rng(seed))
+    flipped = bool(ex['gt_boxes'][1, 0] > 48)  # B's left edge: 8 or 64
+    seen.add(flipped)
+    assert ex['images'].shape == (64, 96, 3) and ex['images'].dtype == np.float32
+    # BGR minus maskrcnn-benchmark's pixel mean, all over the canvas the image fills.
+    np.testing.assert_allclose(
+      ex['images'],
+      np.broadcast_to(np.float32([30, 20, 10]) - (102.9801, 115.9465, 122.7717), (64, 96, 3)),
+      atol=1e-4,
+    )
+    assert list(ex['gt_valid']) == [True, True, False]
+    assert list(ex['gt_classes']) == [80, 1, 0]  # labels 79 and 0: classes 80 and 1
+    # Each box in pixels x 4, x2 - x1 + 1 pixels wide; flipped, x becomes 96 - 1 - x.
+    a, b = [8, 8, 55, 39], [8, 8, 31, 23]
+    if flipped:
+      a, b = [96 - 1 - 55, 8, 96 - 1 - 8, 39], [96 - 1 - 31, 8, 96 - 1 - 8, 23]
+    np.testing.assert_allclose(ex['gt_boxes'][:2], [a, b])
+    assert not ex['gt_boxes'][2].any() and not ex['gt_masks'][2].any()
+    np.testing.assert_array_equal(ex['gt_masks'][0], quarter[:, ::-1] if flipped else quarter)
+    np.testing.assert_array_equal(ex['gt_masks'][1], np.ones((8, 8), np.uint8))
+    assert ex['gt_masks'].dtype == np.uint8 and ex['gt_classes'].dtype == np.int32
+  assert seen == {False, True}
+  # Instances past max_instances are dropped, the first kept.
+  ex = example(record, {**cfg, 'max_instances': 1}, np.random.default_rng(0))
+  assert list(ex['gt_valid']) == [True] and list(ex['gt_classes']) == [80]
+
+
+def test_mask_rcnn_images_take_the_shorter_side_800_and_fit_the_canvas():
+  size = recipes.maskrcnn_size
+  assert size(480, 640, (800, 1088)) == (800, 1066)
+  assert size(800, 1000, (800, 1088)) == (800, 1000)  # already 800: as it is
+  assert size(300, 1000, (1400, 1400)) == (400, 1333)  # the longer side capped at 1333
+  assert size(640, 480, (800, 1088)) == (800, 600)  # portrait: scaled down to the canvas
+  cfg = dict(image_size=(64, 96), max_instances=2, gt_mask_size=4, num_classes=81)
+  record = _panoptic_record(np.zeros((30, 20), np.int64), [(1, 0, False)])
+  ex = recipes.RECIPES['mask_rcnn'].example(record, cfg, np.random.default_rng(0))
+  # 30 x 20 to 64 x 42: zeros (the mean) past the image on the right.
+  assert (ex['images'][:, :42] != 0).all() and not ex['images'][:, 42:].any()
+  assert not ex['gt_valid'].any()  # a segment without pixels is no instance

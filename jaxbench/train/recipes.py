@@ -173,6 +173,129 @@ def _cityscapes(record, cfg, rng) -> Example:
   }
 
 
+# COCO panoptic (coco/2017_panoptic): each pixel's segment id is R + 256 G + 256^2 B of the
+# panoptic PNG, and panoptic_objects lists the segments (id, label, is_crowd). Its labels are
+# the 133 panoptic categories in COCO's id order: the 80 things (ids 1-90) first, then the 53
+# stuff categories (ids 92-200), so label l < 80 is the l-th thing, maskrcnn-benchmark's
+# contiguous class l + 1.
+COCO_THINGS = 80
+COCO_THING_IDS = (
+  *range(1, 12), *range(13, 26), 27, 28, *range(31, 45), *range(46, 66), 67, 70,
+  *range(72, 83), *range(84, 91),
+)  # fmt: skip
+# The COCO things that are PASCAL VOC's 20 classes, by COCO id, in VOC's class order
+# (aeroplane, bicycle, bird, boat, bottle, bus, car, cat, chair, cow, dining table, dog, horse,
+# motorbike, person, potted plant, sheep, sofa, train, tv monitor).
+VOC_FROM_COCO_ID = {
+  coco: voc + 1
+  for voc, coco in enumerate(
+    (5, 2, 16, 9, 44, 6, 3, 17, 62, 21, 67, 18, 19, 4, 1, 64, 20, 63, 7, 72)
+  )
+}
+
+
+def _rgb(record) -> np.ndarray:
+  image = np.asarray(record['image'])
+  if image.ndim == 2 or image.shape[-1] == 1:
+    image = np.repeat(image.reshape(*image.shape[:2], 1), 3, axis=-1)
+  return image[..., :3]
+
+
+def panoptic_ids(record, height: int, width: int) -> np.ndarray:
+  """Each pixel's segment id (R + 256 G + 256^2 B of the panoptic PNG) at height x width (the
+  PNG is the image's size; another size is resized nearest)."""
+  png = np.asarray(record['panoptic_image'])[..., :3].astype(np.int64)
+  ids = png[..., 0] + 256 * png[..., 1] + 65536 * png[..., 2]
+  if ids.shape != (height, width):
+    rows = np.arange(height) * ids.shape[0] // height
+    ids = ids[rows][:, np.arange(width) * ids.shape[1] // width]
+  return ids
+
+
+def panoptic_segments(record) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The segments' ids, labels and crowd flags, in the record's order."""
+  objects = record['panoptic_objects']
+  ids, labels, crowd = (np.asarray(objects[k]).reshape(-1) for k in ('id', 'label', 'is_crowd'))
+  n = min(len(ids), len(labels), len(crowd))
+  return ids[:n].astype(np.int64), labels[:n].astype(np.int64), crowd[:n].astype(bool)
+
+
+def maskrcnn_size(height: int, width: int, canvas: tuple[int, int]) -> tuple[int, int]:
+  """maskrcnn-benchmark's training size (shorter side 800, longer at most 1333), scaled down
+  further where it does not fit the canvas (portrait images, aspect ratios past the canvas's)."""
+  short, long = min(height, width), max(height, width)
+  size = 800
+  if long / short * size > 1333:
+    size = int(round(1333 * short / long))
+  if width < height:
+    out_h, out_w = int(size * height / width), size
+  else:
+    out_h, out_w = size, int(size * width / height)
+  if height == short and height == size or width == short and width == size:
+    out_h, out_w = height, width
+  fit = min(canvas[0] / out_h, canvas[1] / out_w, 1.0)
+  return max(1, int(out_h * fit)), max(1, int(out_w * fit))
+
+
+def _mask_rcnn(record, cfg, rng) -> Example:
+  """maskrcnn-benchmark's training input from a COCO panoptic record: the image resized to
+  maskrcnn_size bilinearly, BGR minus PIXEL_MEAN, flipped left-right half the time, on the
+  canvas's top left (zeros around); each non-crowd thing segment an instance, in the record's
+  order, the first max_instances kept: its box (x1, y1, x2, y2; x2 - x1 + 1 pixels wide) the
+  segment's, its class 1-80 (wrapping onto 1 .. num_classes - 1), its mask the segment sampled
+  at gt_mask_size x gt_mask_size cell centres over its box (the form make_batch's masks take)."""
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+
+  from models.mask_rcnn.data import PIXEL_MEAN  # pylint: disable=g-import-not-at-top
+
+  (canvas_h, canvas_w), g, m = cfg['image_size'], cfg['max_instances'], cfg['gt_mask_size']
+  image = _rgb(record)
+  h, w = image.shape[:2]
+  oh, ow = maskrcnn_size(h, w, (canvas_h, canvas_w))
+  pixels = np.asarray(Image.fromarray(image).resize((ow, oh), Image.Resampling.BILINEAR))
+  pixels = pixels[..., ::-1].astype(np.float32) - np.asarray(PIXEL_MEAN, np.float32)
+  flip = rng.random() < 0.5
+  if flip:
+    pixels = pixels[:, ::-1]
+  images = np.zeros((canvas_h, canvas_w, 3), np.float32)
+  images[:oh, :ow] = pixels
+
+  segments = panoptic_ids(record, h, w)
+  boxes = np.zeros((g, 4), np.float32)
+  classes = np.zeros(g, np.int32)
+  masks = np.zeros((g, m, m), np.uint8)
+  rx, ry = ow / w, oh / h
+  cells = (np.arange(m) + 0.5) / m
+  k = 0
+  for sid, label, crowd in zip(*panoptic_segments(record)):
+    if k == g:
+      break
+    if crowd or label >= COCO_THINGS:
+      continue
+    mask = segments == sid
+    rows, cols = np.flatnonzero(mask.any(1)), np.flatnonzero(mask.any(0))
+    if not len(rows):
+      continue
+    y1, y2, x1, x2 = rows[0], rows[-1], cols[0], cols[-1]
+    grid_y = np.minimum(y1 + (cells * (y2 - y1 + 1)).astype(int), y2)
+    grid_x = np.minimum(x1 + (cells * (x2 - x1 + 1)).astype(int), x2)
+    grid = mask[grid_y][:, grid_x]
+    box = np.array([x1 * rx, y1 * ry, (x2 + 1) * rx - 1, (y2 + 1) * ry - 1], np.float32)
+    if flip:
+      grid = grid[:, ::-1]
+      box[0], box[2] = ow - box[2] - 1, ow - box[0] - 1
+    boxes[k], masks[k] = box, grid
+    classes[k] = 1 + label % (cfg['num_classes'] - 1)
+    k += 1
+  return {
+    'images': images,
+    'gt_boxes': boxes,
+    'gt_classes': classes,
+    'gt_masks': masks,
+    'gt_valid': np.arange(g) < k,
+  }
+
+
 # Text: the originals' tokenizers (BERT's WordPiece vocabulary, fairseq's and XLM's BPE codes)
 # are files that are not at hand offline; a word's id is its CRC32 hashed into the vocabulary
 # above the reserved ids, the same on every machine.
@@ -368,6 +491,17 @@ RECIPES: dict[str, Recipe] = {
     _coco,
     'the whole image resized to image x image, random flip, pixels in [0, 1], up to max_boxes '
     'non-crowd boxes in random order as (cx, cy, w, h) (darknet without jitter and HSV)',
+  ),
+  # COCO's instance masks are polygons TFDS does not keep: the panoptic PNGs hold the masks.
+  'mask_rcnn': Recipe(
+    'coco/2017_panoptic:1.1.0',
+    'train',
+    _mask_rcnn,
+    'shorter side 800, longer at most 1333 (less where the canvas is smaller), bilinear, BGR '
+    'minus the pixel mean, random flip, on the canvas; the non-crowd thing segments of the '
+    'panoptic PNG as instances (classes 1-80, the first max_instances), each mask sampled on '
+    'a grid over its box; panoptic segments do not overlap, where COCO\'s instance masks may '
+    '(an occluded part is the occluder\'s alone)',
   ),
   # StyleGAN's FFHQ is not in TFDS: CelebA-HQ, its other 1024x1024 face set, stands in.
   'stylegan': Recipe(
