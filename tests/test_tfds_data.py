@@ -94,10 +94,12 @@ def test_tfds_feeds_training_runs_only():
   )
 
 
-def test_a_workload_without_a_dataset_lists_those_with_one():
-  r = jaxbench('--model=deeplabv3', '--tiny', '--train_steps=1', '--data=tfds', '--check')
-  one_line_error(r, 'deeplabv3 has no TFDS dataset wired')
-  assert 'nasnet_large (imagenet2012)' in r.stderr and 'bert_squad (squad/v1.1)' in r.stderr
+def test_every_workload_has_a_dataset_and_one_without_lists_those_with_one():
+  assert sorted(recipes.RECIPES) == registry.names()
+  with pytest.raises(recipes.DataError, match='other has no TFDS dataset wired') as e:
+    recipes.recipe('other')
+  assert 'nasnet_large (imagenet2012)' in str(e.value) and 'bert_squad (squad/v1.1)' in str(e.value)
+  assert 'deeplabv3 (coco/2017_panoptic:1.1.0)' in str(e.value)
 
 
 def test_without_the_extra_one_line_names_it():
@@ -223,6 +225,23 @@ def test_pix2pixhd_trains_on_mock_cityscapes(tmp_path, cache):
   _trained(last_record(out), 'pix2pixhd', 'cityscapes/semantic_segmentation', 2)
 
 
+@pytest.mark.slow  # the step's compile: about 25 s on one core
+def test_deeplabv3_trains_on_mock_coco_panoptic(tmp_path, cache):
+  out = tmp_path / 'r.jsonl'
+  r = mocked(
+    3,
+    '--model=deeplabv3',
+    '--tiny',
+    '--batch_size=2',
+    '--train_steps=2',
+    '--data=tfds',
+    f'--output={out}',
+    cache,
+  )
+  assert r.returncode == 0, r.stderr
+  _trained(last_record(out), 'deeplabv3', 'coco/2017_panoptic:1.1.0', 2)
+
+
 @pytest.mark.slow  # the step's compile: over 30 s on one core
 def test_mask_rcnn_trains_on_mock_coco_panoptic(tmp_path, cache):
   out = tmp_path / 'r.jsonl'
@@ -310,6 +329,7 @@ def _source(workload, records, examples=3, seed=(7, 9)):
     ('stylegan', 4),
     ('pix2pixhd', 4),
     ('mask_rcnn', 4),
+    ('deeplabv3', 4),
   ],
 )
 def test_batches_have_the_synthetic_shapes_and_follow_the_position(workload, records):
@@ -691,3 +711,59 @@ def test_mask_rcnn_images_take_the_shorter_side_800_and_fit_the_canvas():
   # 30 x 20 to 64 x 42: zeros (the mean) past the image on the right.
   assert (ex['images'][:, :42] != 0).all() and not ex['images'][:, 42:].any()
   assert not ex['gt_valid'].any()  # a segment without pixels is no instance
+
+
+def test_deeplab_labels_are_voc_classes_of_the_panoptic_segments_scaled_padded_and_flipped():
+  cfg = dict(crop=33, classes=21)  # wider than any scaled image: the crop is the padded image
+  segments = np.full((8, 12), 4, np.int64)  # stuff (a wall): background
+  segments[1:5, 1:6] = 1  # a person: VOC 15
+  segments[4:8, 7:12] = 2  # a dog (COCO 18): VOC 12
+  segments[0, 8:12] = 3  # a truck: no VOC class, background
+  segments[7, 0:3] = 0  # unlabelled: 255
+  person, dog, truck = (recipes.COCO_THING_IDS.index(i) for i in (1, 18, 8))
+  objects = [(1, person, False), (2, dog, True), (3, truck, False), (4, 120, False)]
+  image = np.zeros((8, 12, 3), np.uint8)
+  image[...] = (200, 50, 10)
+  record = _panoptic_record(segments, objects, image)
+  expected = np.zeros((8, 12), np.int32)
+  expected[1:5, 1:6], expected[4:8, 7:12], expected[7, 0:3] = 15, 12, 255
+  colour = np.float32([200, 50, 10]) * (2 / 255) - 1
+  example = recipes.RECIPES['deeplabv3'].example
+  scales, flips = set(), set()
+  for seed in range(40):
+    ex = example(record, cfg, np.random.default_rng(seed))
+    images, labels = ex['images'], ex['labels']
+    assert images.shape == (33, 33, 3) and images.dtype == np.float32
+    assert labels.shape == (33, 33) and labels.dtype == np.int32
+    # The image where it is, the mean pixel (0 in [-1, 1]) and 255 around it.
+    inside = images[..., 0] != 0
+    rows, cols = np.flatnonzero(inside.any(1)), np.flatnonzero(inside.any(0))
+    nh, nw = len(rows), len(cols)
+    assert nw / 12 == nh / 8  # one scale on both axes
+    flipped = cols[0] > 0
+    assert rows[0] == 0 and (cols[-1] == 32 if flipped else cols[0] == 0)
+    np.testing.assert_allclose(images[inside], np.broadcast_to(colour, (nh * nw, 3)), atol=1e-5)
+    assert not images[~inside].any() and (labels[~inside] == 255).all()
+    assert set(np.unique(labels[inside])) == {0, 12, 15, 255}
+    if nh == 8:  # scale 1: the hand-made map itself
+      np.testing.assert_array_equal(
+        labels[inside].reshape(8, 12), expected[:, ::-1] if flipped else expected
+      )
+    scales.add(nh / 8)
+    flips.add(bool(flipped))
+  assert scales == {0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0} and flips == {False, True}
+
+
+def test_deeplab_crops_are_random_windows_of_the_scaled_image():
+  cfg = dict(crop=9, classes=21)
+  segments = np.zeros((20, 30), np.int64)
+  segments[:, :15] = 1  # a person on the left half, unlabelled on the right
+  record = _panoptic_record(segments, [(1, 0, False)])
+  example = recipes.RECIPES['deeplabv3'].example
+  crops = [example(record, cfg, np.random.default_rng(s))['labels'] for s in range(12)]
+  assert all(set(np.unique(c)) <= {15, 255} for c in crops)
+  assert len({c.tobytes() for c in crops}) > 3  # windows at random places
+  # Classes past `classes` wrap onto them: VOC 15 is class 5 of 10.
+  assert set(
+    np.unique(example(record, {**cfg, 'classes': 10}, np.random.default_rng(0))['labels'])
+  ) <= {5, 255}

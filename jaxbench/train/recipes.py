@@ -296,6 +296,62 @@ def _mask_rcnn(record, cfg, rng) -> Example:
   }
 
 
+def _align_corners(out: int, size: int) -> np.ndarray:
+  """Source coordinates of `out` samples over `size` pixels, corners aligned (TF1's resize
+  with align_corners=True, as DeepLab's)."""
+  return np.arange(out) * ((size - 1) / (out - 1) if out > 1 else 0.0)
+
+
+def _voc_from_coco(record, cfg, rng) -> Example:
+  """DeepLab's VOC training crop from a COCO panoptic record: each pixel's class the VOC class
+  of its segment's category (COCO's 20 VOC categories; every other category background 0;
+  unlabelled pixels 255), classes past `classes` wrapped onto them; a random scale of 0.5 to
+  2.0 in steps of 0.25 (the image bilinearly, the labels nearest, corners aligned), padded to
+  at least crop x crop with the mean pixel and 255 on the bottom and right, a random crop x
+  crop, flipped left-right half the time, pixels in [-1, 1]."""
+  from models.deeplab.deeplab import IGNORE_LABEL  # pylint: disable=g-import-not-at-top
+
+  crop, classes = cfg['crop'], cfg['classes']
+  image = _rgb(record).astype(np.float32)
+  h, w = image.shape[:2]
+  segments = panoptic_ids(record, h, w)
+  ids, labels, _ = panoptic_segments(record)
+  voc = [
+    VOC_FROM_COCO_ID.get(COCO_THING_IDS[label], 0) % classes if label < COCO_THINGS else 0
+    for label in labels
+  ]
+  present, where = np.unique(segments, return_inverse=True)
+  lookup = dict(zip(ids.tolist(), voc))
+  label_map = np.array([lookup.get(s, IGNORE_LABEL) for s in present.tolist()], np.int32)
+  label_map = label_map[where.reshape(h, w)]
+
+  scale = 0.5 + 0.25 * int(rng.integers(7))
+  nh, nw = int(h * scale), int(w * scale)
+  ys, xs = _align_corners(nh, h), _align_corners(nw, w)
+  y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
+  y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+  fy, fx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
+  top = image[y0][:, x0] * (1 - fx) + image[y0][:, x1] * fx
+  bottom = image[y1][:, x0] * (1 - fx) + image[y1][:, x1] * fx
+  scaled = top * (1 - fy) + bottom * fy
+  label_map = label_map[np.round(ys).astype(int)][:, np.round(xs).astype(int)]
+
+  ph, pw = max(nh, crop), max(nw, crop)
+  pixels = np.full((ph, pw, 3), 127.5, np.float32)
+  pixels[:nh, :nw] = scaled
+  padded = np.full((ph, pw), IGNORE_LABEL, np.int32)
+  padded[:nh, :nw] = label_map
+  top_row, left = int(rng.integers(ph - crop + 1)), int(rng.integers(pw - crop + 1))
+  pixels = pixels[top_row : top_row + crop, left : left + crop]
+  padded = padded[top_row : top_row + crop, left : left + crop]
+  if rng.random() < 0.5:
+    pixels, padded = pixels[:, ::-1], padded[:, ::-1]
+  return {
+    'images': np.ascontiguousarray(pixels) * np.float32(2.0 / 255.0) - 1.0,
+    'labels': np.ascontiguousarray(padded),
+  }
+
+
 # Text: the originals' tokenizers (BERT's WordPiece vocabulary, fairseq's and XLM's BPE codes)
 # are files that are not at hand offline; a word's id is its CRC32 hashed into the vocabulary
 # above the reserved ids, the same on every machine.
@@ -500,8 +556,19 @@ RECIPES: dict[str, Recipe] = {
     'shorter side 800, longer at most 1333 (less where the canvas is smaller), bilinear, BGR '
     'minus the pixel mean, random flip, on the canvas; the non-crowd thing segments of the '
     'panoptic PNG as instances (classes 1-80, the first max_instances), each mask sampled on '
-    'a grid over its box; panoptic segments do not overlap, where COCO\'s instance masks may '
-    '(an occluded part is the occluder\'s alone)',
+    "a grid over its box; panoptic segments do not overlap, where COCO's instance masks may "
+    "(an occluded part is the occluder's alone)",
+  ),
+  # DeepLab's PASCAL VOC 2012 (augmented) is not in TFDS with its masks: COCO panoptic's
+  # segments, their categories as VOC's classes, stand in.
+  'deeplabv3': Recipe(
+    'coco/2017_panoptic:1.1.0',
+    'train',
+    _voc_from_coco,
+    'COCO panoptic as VOC semantic segmentation (VOC 2012 augmented is not in TFDS with masks): '
+    "the 20 COCO categories that are VOC's classes as those, every other category background "
+    '0, unlabelled pixels 255; random scale 0.5-2.0 (step 0.25), padded with the mean pixel '
+    'and 255 to the crop, random crop, random flip, pixels in [-1, 1]',
   ),
   # StyleGAN's FFHQ is not in TFDS: CelebA-HQ, its other 1024x1024 face set, stands in.
   'stylegan': Recipe(
