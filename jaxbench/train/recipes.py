@@ -320,30 +320,29 @@ def _voc_from_coco(record, cfg, rng) -> Example:
     VOC_FROM_COCO_ID.get(COCO_THING_IDS[label], 0) % classes if label < COCO_THINGS else 0
     for label in labels
   ]
-  present, where = np.unique(segments, return_inverse=True)
   lookup = dict(zip(ids.tolist(), voc))
-  label_map = np.array([lookup.get(s, IGNORE_LABEL) for s in present.tolist()], np.int32)
-  label_map = label_map[where.reshape(h, w)]
 
   scale = 0.5 + 0.25 * int(rng.integers(7))
   nh, nw = int(h * scale), int(w * scale)
-  ys, xs = _align_corners(nh, h), _align_corners(nw, w)
+  top, left = (
+    int(rng.integers(max(nh, crop) - crop + 1)),
+    int(rng.integers(max(nw, crop) - crop + 1)),
+  )
+  # Only the crop's window of the scaled image is computed (bilinear: rows, then columns).
+  ys = _align_corners(nh, h)[top : min(top + crop, nh)]
+  xs = _align_corners(nw, w)[left : min(left + crop, nw)]
   y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
   y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
-  fy, fx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
-  top = image[y0][:, x0] * (1 - fx) + image[y0][:, x1] * fx
-  bottom = image[y1][:, x0] * (1 - fx) + image[y1][:, x1] * fx
-  scaled = top * (1 - fy) + bottom * fy
-  label_map = label_map[np.round(ys).astype(int)][:, np.round(xs).astype(int)]
-
-  ph, pw = max(nh, crop), max(nw, crop)
-  pixels = np.full((ph, pw, 3), 127.5, np.float32)
-  pixels[:nh, :nw] = scaled
-  padded = np.full((ph, pw), IGNORE_LABEL, np.int32)
-  padded[:nh, :nw] = label_map
-  top_row, left = int(rng.integers(ph - crop + 1)), int(rng.integers(pw - crop + 1))
-  pixels = pixels[top_row : top_row + crop, left : left + crop]
-  padded = padded[top_row : top_row + crop, left : left + crop]
+  fy = (ys - y0).astype(np.float32)[:, None, None]
+  fx = (xs - x0).astype(np.float32)[None, :, None]
+  rows = image[y0] * (1 - fy) + image[y1] * fy
+  pixels = np.full((crop, crop, 3), 127.5, np.float32)  # the mean pixel past the image
+  pixels[: len(ys), : len(xs)] = rows[:, x0] * (1 - fx) + rows[:, x1] * fx
+  nearest = segments[np.round(ys).astype(int)][:, np.round(xs).astype(int)]
+  present, where = np.unique(nearest, return_inverse=True)
+  classes_of = np.array([lookup.get(s, IGNORE_LABEL) for s in present.tolist()], np.int32)
+  padded = np.full((crop, crop), IGNORE_LABEL, np.int32)
+  padded[: len(ys), : len(xs)] = classes_of[where.reshape(nearest.shape)]
   if rng.random() < 0.5:
     pixels, padded = pixels[:, ::-1], padded[:, ::-1]
   return {
