@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from jaxbench.train import recipes, tfds_data
+from jaxbench.train import image_examples, recipes, text_examples, tfds_data
 from models import precision, registry
 from models.unsupmt import noise as xlm_ids
 from tests.test_train import one_line_error
@@ -363,10 +363,10 @@ def test_images_are_crops_in_minus_one_to_one():
   rng = np.random.default_rng(0)
   image = np.zeros((40, 60, 3), np.uint8)
   image[:, :30] = 255  # the left half white, the right half black
-  pixels = recipes.crop_resize_flip(image, 16, rng)
+  pixels = image_examples.crop_resize_flip(image, 16, rng)
   assert pixels.shape == (16, 16, 3) and pixels.dtype == np.float32
   assert pixels.min() >= -1.0 and pixels.max() <= 1.0
-  crops = [recipes.crop_resize_flip(image, 16, rng) for _ in range(8)]
+  crops = [image_examples.crop_resize_flip(image, 16, rng) for _ in range(8)]
   assert len({c.tobytes() for c in crops}) == 8  # random crops and flips
 
 
@@ -383,12 +383,12 @@ def test_squad_answer_span_points_at_the_answer_words():
   }
   ex = recipes.RECIPES['bert_squad'].example(record, cfg, None)
   tokens = ex['tokens']
-  assert tokens[0] == recipes.CLS and tokens.shape == (24,)
-  question = [recipes.word_id(w, 128) for w in ('where', 'did', 'the', 'cat', 'sit', '?')]
-  assert list(tokens[1:7]) == question and tokens[7] == recipes.SEP
+  assert tokens[0] == text_examples.CLS and tokens.shape == (24,)
+  question = [text_examples.word_id(w, 128) for w in ('where', 'did', 'the', 'cat', 'sit', '?')]
+  assert list(tokens[1:7]) == question and tokens[7] == text_examples.SEP
   assert list(ex['segments'][:8]) == [0] * 8 and ex['segments'][8] == 1
   start, end = int(ex['start_positions']), int(ex['end_positions'])
-  assert list(tokens[start : end + 1]) == [recipes.word_id(w, 128) for w in ('the', 'mat')]
+  assert list(tokens[start : end + 1]) == [text_examples.word_id(w, 128) for w in ('the', 'mat')]
 
 
 def test_squad_answer_outside_every_window_points_at_cls():
@@ -408,11 +408,11 @@ def test_translation_pairs_end_with_eos_and_shift_the_target():
   ex = recipes.RECIPES['transformer_big'].example(
     {'en': b'Hello, world!', 'de': b'Hallo Welt, wie geht es dir heute?'}, cfg, None
   )
-  ids = [recipes.word_id(w, 50) for w in ('hello', ',', 'world', '!')]
-  assert list(ex['source']) == [*ids, recipes.EOS, recipes.PAD]
-  assert ex['target'][-1] == recipes.EOS and recipes.PAD not in ex['target']  # cut
-  assert list(ex['target_in']) == [recipes.EOS, *ex['target'][:-1]]
-  assert all(recipes.FIRST_WORD <= i < 50 for i in ids)
+  ids = [text_examples.word_id(w, 50) for w in ('hello', ',', 'world', '!')]
+  assert list(ex['source']) == [*ids, text_examples.EOS, text_examples.PAD]
+  assert ex['target'][-1] == text_examples.EOS and text_examples.PAD not in ex['target']  # cut
+  assert list(ex['target_in']) == [text_examples.EOS, *ex['target'][:-1]]
+  assert all(text_examples.FIRST_WORD <= i < 50 for i in ids)
 
 
 def _coco_record(rng, boxes, labels, crowd):
@@ -471,12 +471,12 @@ def test_yolov3_batches_from_records_have_the_synthetic_shapes():
 
 
 def test_glue_pairs_cut_the_longer_sentence_first():
-  tokens, segments = recipes.pair('one two three four five', 'six seven', 64, 9)
-  ids = lambda text: [recipes.word_id(w, 64) for w in text.split()]  # noqa: E731
-  cls, sep = recipes.CLS, recipes.SEP
+  tokens, segments = text_examples.pair('one two three four five', 'six seven', 64, 9)
+  ids = lambda text: [text_examples.word_id(w, 64) for w in text.split()]  # noqa: E731
+  cls, sep = text_examples.CLS, text_examples.SEP
   assert list(tokens) == [cls, *ids('one two three four'), sep, *ids('six seven'), sep]
   assert list(segments) == [0] * 6 + [1] * 3
-  tokens, segments = recipes.pair('one', None, 64, 5)
+  tokens, segments = text_examples.pair('one', None, 64, 5)
   assert list(tokens) == [cls, *ids('one'), sep, 0, 0] and not segments.any()
 
 
@@ -537,7 +537,7 @@ def test_xlm_sentences_use_xlm_ids_and_are_cut_to_seq_len():
   cfg = dict(seq_len=3, vocab=64)
   record = {'en': b'Yes', 'fr': b'Le chat dort.'}
   parts = dict(recipes.RECIPES['unsupmt'].parts)
-  ids = lambda text: [recipes.word_id(w, 64, xlm_ids.FIRST_WORD) for w in text.split()]  # noqa: E731
+  ids = lambda text: [text_examples.word_id(w, 64, xlm_ids.FIRST_WORD) for w in text.split()]  # noqa: E731
   eos, pad = xlm_ids.EOS, xlm_ids.PAD
   fr = parts['fr'].example(record, cfg, None)['sentence']
   assert list(fr) == [eos, *ids('le chat dort'), eos]  # the full stop cut
@@ -549,7 +549,7 @@ def test_bert_pretraining_pairs_mask_words_and_label_the_next_sentence():
   cfg = dict(seq_len=16, masked=4, vocab=128)
   article = {'text': 'One two three. Four five six!\nSeven eight nine ten?'}
   other = {'text': 'Alpha beta gamma.'}
-  own = recipes.sentences(article['text'])
+  own = text_examples.sentences(article['text'])
   assert own == ['One two three.', 'Four five six!', 'Seven eight nine ten?']
   pairs = {0: {(a, b) for a, b in zip(own, own[1:])}, 1: {(a, 'Alpha beta gamma.') for a in own}}
   example = recipes.RECIPES['bert_base'].example
@@ -563,18 +563,18 @@ def test_bert_pretraining_pairs_mask_words_and_label_the_next_sentence():
     label = int(ex['next_sentence'])
     # The pair is the article's sentence and its next (0), or another article's sentence (1).
     assert any(
-      np.array_equal(restored, recipes.pair(a, b, 128, 16)[0])
-      and np.array_equal(ex['segments'], recipes.pair(a, b, 128, 16)[1])
+      np.array_equal(restored, text_examples.pair(a, b, 128, 16)[0])
+      and np.array_equal(ex['segments'], text_examples.pair(a, b, 128, 16)[1])
       for a, b in pairs[label]
     )
     used = np.count_nonzero(restored)
     assert k == min(4, max(1, round(used * 0.15)))  # 15% of the tokens, up to masked
-    assert list(positions) == sorted(set(positions)) and (ids >= recipes.FIRST_WORD).all()
+    assert list(positions) == sorted(set(positions)) and (ids >= text_examples.FIRST_WORD).all()
     assert not ex['masked_positions'][k:].any() and not ex['masked_weights'][k:].any()
     assert (tokens < 128).all() and (ex['masked_ids'] < 128).all()
     labels.append(label)
     kinds += [
-      'mask' if t == recipes.MASK else 'kept' if t == i else 'random'
+      'mask' if t == text_examples.MASK else 'kept' if t == i else 'random'
       for t, i in zip(tokens[positions], ids)
     ]
   # 2/3 random: the last sentence has no next, the others half the time.
@@ -700,7 +700,7 @@ def test_mask_rcnn_instances_are_the_panoptic_thing_segments_after_resize_and_fl
 
 
 def test_mask_rcnn_images_take_the_shorter_side_800_and_fit_the_canvas():
-  size = recipes.maskrcnn_size
+  size = image_examples.maskrcnn_size
   assert size(480, 640, (800, 1088)) == (800, 1066)
   assert size(800, 1000, (800, 1088)) == (800, 1000)  # already 800: as it is
   assert size(300, 1000, (1400, 1400)) == (400, 1333)  # the longer side capped at 1333
@@ -720,7 +720,7 @@ def test_deeplab_labels_are_voc_classes_of_the_panoptic_segments_scaled_padded_a
   segments[4:8, 7:12] = 2  # a dog (COCO 18): VOC 12
   segments[0, 8:12] = 3  # a truck: no VOC class, background
   segments[7, 0:3] = 0  # unlabelled: 255
-  person, dog, truck = (recipes.COCO_THING_IDS.index(i) for i in (1, 18, 8))
+  person, dog, truck = (image_examples.COCO_THING_IDS.index(i) for i in (1, 18, 8))
   objects = [(1, person, False), (2, dog, True), (3, truck, False), (4, 120, False)]
   image = np.zeros((8, 12, 3), np.uint8)
   image[...] = (200, 50, 10)
