@@ -177,120 +177,38 @@ def test_a_resumed_run_reads_the_batches_of_an_uninterrupted_one(tmp_path, cache
   )
 
 
-def test_bert_base_trains_on_mock_wikipedia(tmp_path, cache):
+_SLOW = pytest.mark.slow  # the step's compile: 25-40 s on one core
+
+
+@pytest.mark.parametrize(
+  'model, records, batch, steps, dataset',
+  [
+    ('bert_base', 5, 4, 2, 'wikipedia/20230601.en'),
+    ('stylegan', 4, 4, 2, 'celeb_a_hq/1024'),
+    ('pix2pixhd', 3, 2, 2, 'cityscapes/semantic_segmentation'),
+    pytest.param('deeplabv3', 3, 2, 2, 'coco/2017_panoptic:1.1.0', marks=_SLOW),
+    pytest.param('mask_rcnn', 3, 2, 2, 'coco/2017_panoptic:1.1.0', marks=_SLOW),
+    # 16 tokens: two sentences of 6 words and two EOS; greedy generation compiled too
+    pytest.param('unsupmt', 5, 16, 2, 'wmt14_translate/fr-en', marks=_SLOW),
+    pytest.param('nasnet_large', 6, 4, 3, 'imagenet2012', marks=_SLOW),
+  ],
+)
+def test_each_workload_trains_on_its_mock_dataset(
+  tmp_path, cache, model, records, batch, steps, dataset
+):
   out = tmp_path / 'r.jsonl'
   r = mocked(
-    5,
-    '--model=bert_base',
+    records,
+    f'--model={model}',
     '--tiny',
-    '--batch_size=4',
-    '--train_steps=2',
+    f'--batch_size={batch}',
+    f'--train_steps={steps}',
     '--data=tfds',
     f'--output={out}',
     cache,
   )
   assert r.returncode == 0, r.stderr
-  _trained(last_record(out), 'bert_base', 'wikipedia/20230601.en', 2)
-
-
-def test_stylegan_trains_on_mock_celeb_a_hq(tmp_path, cache):
-  out = tmp_path / 'r.jsonl'
-  r = mocked(
-    4,
-    '--model=stylegan',
-    '--tiny',
-    '--batch_size=4',
-    '--train_steps=2',
-    '--data=tfds',
-    f'--output={out}',
-    cache,
-  )
-  assert r.returncode == 0, r.stderr
-  _trained(last_record(out), 'stylegan', 'celeb_a_hq/1024', 2)
-
-
-def test_pix2pixhd_trains_on_mock_cityscapes(tmp_path, cache):
-  out = tmp_path / 'r.jsonl'
-  r = mocked(
-    3,
-    '--model=pix2pixhd',
-    '--tiny',
-    '--batch_size=2',
-    '--train_steps=2',
-    '--data=tfds',
-    f'--output={out}',
-    cache,
-  )
-  assert r.returncode == 0, r.stderr
-  _trained(last_record(out), 'pix2pixhd', 'cityscapes/semantic_segmentation', 2)
-
-
-@pytest.mark.slow  # the step's compile: about 25 s on one core
-def test_deeplabv3_trains_on_mock_coco_panoptic(tmp_path, cache):
-  out = tmp_path / 'r.jsonl'
-  r = mocked(
-    3,
-    '--model=deeplabv3',
-    '--tiny',
-    '--batch_size=2',
-    '--train_steps=2',
-    '--data=tfds',
-    f'--output={out}',
-    cache,
-  )
-  assert r.returncode == 0, r.stderr
-  _trained(last_record(out), 'deeplabv3', 'coco/2017_panoptic:1.1.0', 2)
-
-
-@pytest.mark.slow  # the step's compile: over 30 s on one core
-def test_mask_rcnn_trains_on_mock_coco_panoptic(tmp_path, cache):
-  out = tmp_path / 'r.jsonl'
-  r = mocked(
-    3,
-    '--model=mask_rcnn',
-    '--tiny',
-    '--batch_size=2',
-    '--train_steps=2',
-    '--data=tfds',
-    f'--output={out}',
-    cache,
-  )
-  assert r.returncode == 0, r.stderr
-  _trained(last_record(out), 'mask_rcnn', 'coco/2017_panoptic:1.1.0', 2)
-
-
-@pytest.mark.slow  # the step's compile, greedy generation included: over 30 s on one core
-def test_unsupmt_trains_on_mock_wmt14(tmp_path, cache):
-  out = tmp_path / 'r.jsonl'
-  r = mocked(
-    5,
-    '--model=unsupmt',
-    '--tiny',
-    '--batch_size=16',  # tokens: two sentences of 6 words and two EOS
-    '--train_steps=2',
-    '--data=tfds',
-    f'--output={out}',
-    cache,
-  )
-  assert r.returncode == 0, r.stderr
-  _trained(last_record(out), 'unsupmt', 'wmt14_translate/fr-en', 2)
-
-
-@pytest.mark.slow
-def test_nasnet_trains_on_mock_imagenet(tmp_path, cache):
-  out = tmp_path / 'r.jsonl'
-  r = mocked(
-    6,
-    '--model=nasnet_large',
-    '--tiny',
-    '--batch_size=4',
-    '--train_steps=3',
-    '--data=tfds',
-    f'--output={out}',
-    cache,
-  )
-  assert r.returncode == 0, r.stderr
-  _trained(last_record(out), 'nasnet_large', 'imagenet2012', 3)
+  _trained(last_record(out), model, dataset, steps)
 
 
 def test_synthetic_checkpoints_are_not_resumed_on_real_data(tmp_path, cache):
