@@ -282,7 +282,7 @@ def test_the_page_leads_with_the_measured_runs_and_ends_with_the_command_that_re
   assert (
     '| bert_base | fp32 | full | 1,176 sequences | 623.6 sequences/s | 1,885.7 (±0.1%) | 43.6 '
     '| 2026-11-29 | 0.11.2 |  | `python -m jaxbench.main --model=bert_base --precision=fp32 '
-    '--warmup_steps=2 --steps=10 --windows=5` |'
+    '--search_tolerance=0 --warmup_steps=2 --steps=10 --windows=5` |'  # an exact search
   ) in md
   assert '| bert_base | fp32 | RTX 2060 | 8 sequences | 68.0 sequences/s |' in md  # emulated
   assert 'Measured on NVIDIA H200 (142.6 GB pool at full memory) with JAX 0.11.2' in md

@@ -190,7 +190,6 @@ _SLOW = pytest.mark.slow  # the step's compile: 25-40 s on one core
     pytest.param('mask_rcnn', 3, 2, 2, 'coco/2017_panoptic:1.1.0', marks=_SLOW),
     # 16 tokens: two sentences of 6 words and two EOS; greedy generation compiled too
     pytest.param('unsupmt', 5, 16, 2, 'wmt14_translate/fr-en', marks=_SLOW),
-    pytest.param('nasnet_large', 6, 4, 3, 'imagenet2012', marks=_SLOW),
   ],
 )
 def test_each_workload_trains_on_its_mock_dataset(
