@@ -223,21 +223,30 @@ def test_refusals_are_one_line_and_status_2_also_under_check(tmp_path):
   harness.one_line_error(r, '--precisions is for sweeps (--store) and --frameworks')
 
 
-def test_check_says_the_precisions_batches_and_modes_it_accepts(tmp_path):
-  r = harness.jaxbench(
-    harness.site(tmp_path, *harness.TOY_SITE),
-    '--model=bert_base,transformer_big',
-    '--frameworks=jax,pytorch',
-    '--precisions=tf32,bf16',
-    '--reference_batch',
-    '--torch_compile',
-    '--check',
-  )
+@pytest.mark.parametrize(
+  'args, says',
+  [
+    (
+      ['--model=bert_base', '--torch_compile'],
+      'bert_base under jax, pytorch eager, pytorch compiled',
+    ),
+    (
+      [
+        '--model=bert_base,transformer_big',
+        '--precisions=tf32,bf16',
+        '--reference_batch',
+        '--torch_compile',
+      ],
+      'bert_base, transformer_big at their reference batches in tf32, bf16 under jax, pytorch '
+      'eager, pytorch compiled',
+    ),
+  ],
+)
+def test_check_says_the_precisions_batches_and_modes_it_accepts(tmp_path, args, says):
+  site = harness.site(tmp_path, *harness.TOY_SITE)
+  r = harness.jaxbench(site, *args, '--frameworks=jax,pytorch', '--check')
   assert r.returncode == 0, r.stderr
-  assert r.stdout.strip() == (
-    'jaxbench: ok: the flags are valid for bert_base, transformer_big at their reference '
-    'batches in tf32, bf16 under jax, pytorch eager, pytorch compiled'
-  )
+  assert r.stdout.strip() == f'jaxbench: ok: the flags are valid for {says}'
 
 
 @pytest.mark.parametrize(
@@ -252,20 +261,6 @@ def test_check_says_the_precisions_batches_and_modes_it_accepts(tmp_path):
 def test_bad_framework_lists_are_one_line_and_status_2(tmp_path, args, says):
   r = harness.jaxbench(harness.site(tmp_path, *harness.TOY_SITE), '--model=bert_base', *args)
   harness.one_line_error(r, says)
-
-
-def test_check_accepts_both_frameworks(tmp_path):
-  r = harness.jaxbench(
-    harness.site(tmp_path, *harness.TOY_SITE),
-    '--model=bert_base',
-    '--frameworks=jax,pytorch',
-    '--torch_compile',
-    '--check',
-  )
-  assert r.returncode == 0, r.stderr
-  assert r.stdout.strip() == (
-    'jaxbench: ok: the flags are valid for bert_base under jax, pytorch eager, pytorch compiled'
-  )
 
 
 @pytest.mark.slow
