@@ -10,6 +10,7 @@ import optax
 
 from models import transformer
 from models import workload as wl
+from models.layers import embed as embed_layers
 
 LN_EPS = 1e-12  # BERT's LayerNorm epsilon
 PAD = 0
@@ -31,11 +32,11 @@ class BertEncoder(nn.Module):
   def __call__(self, tokens_BxL, segments_BxL, train):
     cfg = self.cfg
     h = cfg['hidden']
-    embed = nn.Embed(
+    embed = embed_layers.Embed(
       cfg['vocab'], h, embedding_init=dense_init, dtype=self.dtype, name='word_embeddings'
     )
     positions = self.param('position_embeddings', dense_init, (cfg['max_positions'], h))
-    segment = nn.Embed(
+    segment = embed_layers.Embed(
       cfg['type_vocab'],
       h,
       embedding_init=dense_init,
@@ -233,7 +234,7 @@ BERT_BASE = wl.Workload(
     lambda cfg, dtype: BertPretraining(cfg, dtype), make_batch, pretraining_loss, adamw
   ),
   flops_per_example=pretraining_flops,
-  revision=2,
+  revision=3,
 )
 
 
@@ -326,5 +327,5 @@ BERT_SQUAD = wl.Workload(
   check=check_squad,
   trainer=wl.supervised(lambda cfg, dtype: BertSquad(cfg, dtype), squad_batch, squad_loss, adamw),
   flops_per_example=squad_flops,
-  revision=2,
+  revision=3,
 )

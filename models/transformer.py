@@ -11,6 +11,7 @@ import optax
 
 from models import workload as wl
 from models.layers import attention as attention_layers
+from models.layers import embed as embed_layers
 
 PAD = 0  # token id of padding; synthetic sentences never draw it
 
@@ -82,7 +83,7 @@ class TransformerBig(nn.Module):
   def __call__(self, batch, train):
     cfg = self.cfg
     d = cfg['d_model']
-    embed = nn.Embed(
+    embed = embed_layers.Embed(
       cfg['vocab'],
       d,
       embedding_init=nn.initializers.normal(d**-0.5),
@@ -245,5 +246,5 @@ TRANSFORMER_BIG = wl.Workload(
   example_size=lambda cfg: max(cfg['src_len'], cfg['tgt_len']),
   units_per_example=lambda cfg: cfg['tgt_len'],
   default_precision='fp16',
-  revision=2,
+  revision=3,
 )

@@ -15,6 +15,7 @@ import optax
 from models import transformer
 from models import workload as wl
 from models.conv_seq2seq.conv_tbc import CONV_IMPLS, temporal_conv
+from models.layers import embed as embed_layers
 
 PAD = transformer.PAD  # synthetic sentences never draw it
 EOS = 2
@@ -187,10 +188,10 @@ class Embeddings(nn.Module):
     init = nn.initializers.normal(0.1)
     valid = tokens_BxL != PAD
     positions = jnp.where(valid, jnp.arange(tokens_BxL.shape[1]) + PAD + 1, PAD)
-    tokens = nn.Embed(self.vocab, self.dim, embedding_init=init, dtype=self.dtype, name='tokens')(
-      tokens_BxL
-    )
-    return tokens + nn.Embed(
+    tokens = embed_layers.Embed(
+      self.vocab, self.dim, embedding_init=init, dtype=self.dtype, name='tokens'
+    )(tokens_BxL)
+    return tokens + embed_layers.Embed(
       self.max_positions, self.dim, embedding_init=init, dtype=self.dtype, name='positions'
     )(positions)
 
@@ -353,7 +354,7 @@ FCONV_WMT_EN_DE = wl.Workload(
   ),
   trainer=wl.supervised(lambda cfg, dtype: FConv(cfg, dtype), make_batch, loss, optimizer),
   # 2: the convolution keeps only its input and kernel for the backward pass (a custom VJP).
-  revision=2,
+  revision=3,
   spec=dict(
     src_vocab=wl.Key(lo=EOS + 1),
     tgt_vocab=wl.Key(lo=EOS + 1),

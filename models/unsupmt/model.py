@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from models import transformer
+from models.layers import embed as embed_layers
 from models.unsupmt.noise import PAD
 
 LN_EPS = 1e-12  # XLM's LayerNorm epsilon
@@ -104,7 +105,10 @@ class Transformer(nn.Module):
     cfg = self.cfg
     d = cfg['d_model']
     embed = functools.partial(
-      nn.Embed, features=d, dtype=self.dtype, embedding_init=nn.initializers.normal(d**-0.5)
+      embed_layers.Embed,
+      features=d,
+      dtype=self.dtype,
+      embedding_init=nn.initializers.normal(d**-0.5),
     )
     self.embeddings = embed(cfg['vocab'])
     self.position_embeddings = embed(cfg['max_positions'])
