@@ -67,6 +67,9 @@ class Program:
     self.cpu_budget_bytes = cpu_budget_bytes if device.type == 'cpu' else None
     self.autocast = policy_lib.autocast(policy, device)
     self.init_s: float | None = None  # the first build's seconds (parameters and optimizers)
+    # The first trial's first step, synced: under torch.compile, the compile from a cold cache
+    # (later trials and the timed run reload Inductor's on-disk caches after release()).
+    self.first_step_s: float | None = None
     self.estimated_bytes: int | None = None  # the last CPU estimate of an iteration's bytes
 
   def param_counts(self) -> dict[str, int]:
@@ -167,7 +170,11 @@ class Program:
     live = self.materialize(n)
     loss = None
     for i in range(steps):
+      start = time.perf_counter()
       loss = self.step(live, i)
+      if self.first_step_s is None:
+        self.sync()
+        self.first_step_s = time.perf_counter() - start
     return float(loss)
 
   def release(self) -> None:
