@@ -7,7 +7,7 @@ import pytest
 
 from jaxbench import cli
 from jaxbench.pytorch import frameworks, usage
-from jaxbench.results import commands, measured, records, store
+from jaxbench.results import commands, measured, records, side_by_side, store
 from models import registry
 from tests import test_measured
 from tests import test_pytorch_harness as harness
@@ -304,24 +304,26 @@ def torch_run(**changes):
   return r
 
 
-def test_the_report_puts_the_pytorch_peer_beside_its_jax_row_with_the_ratios(toy):
+def test_the_report_puts_the_pytorch_peer_beside_its_jax_run_with_the_ratios(toy):
   jax_run = test_measured._run(framework='jax')
   peer = torch_run(
     max_batch=82,
     torch_compile=True,
-    measurement={**jax_run['measurement'], 'units_per_s': 33.83},
+    measurement={**jax_run['measurement'], 'units_per_s': 33.83, 'compile_s': 41.0},
     timestamp='2026-12-02T01:00:00+00:00',
   )
   other_precision = torch_run(precision='fp32')
   t = measured.table([jax_run, peer, other_precision])
   assert len(t.rows) == 1  # PyTorch runs are no rows of their own
+  assert t.header == measured.HEADER  # and no columns of the JAX table: side_by_side's
   cells = dict(zip(t.header, t.rows[0]))
   assert cells['throughput'] == '67.7 images/s'
-  assert cells['PyTorch'] == '82 images, 33.8 images/s compiled'
-  assert cells['JAX/PyTorch'] == 'batch 2.00x, throughput 2.00x'
-  assert any(n.startswith('PyTorch:') for n in t.notes)
-  alone = measured.table([jax_run])
-  assert 'PyTorch' not in alone.header and len(alone.header) == len(alone.rows[0])
+  pair = side_by_side.table([jax_run, peer, other_precision])
+  assert len(pair.rows) == 1
+  cells = dict(zip(pair.header, pair.rows[0]))
+  assert cells['batch'] == 'max 164 / 82 images, 2.00x'
+  assert cells['PyTorch compiled'] == '33.8 images/s (compile 41.0 s)'
+  assert cells['JAX / PyTorch'] == '2.00x'
 
 
 def test_a_pytorch_record_is_a_cell_and_a_command_of_its_own(toy):

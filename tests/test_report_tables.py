@@ -12,7 +12,7 @@ import pytest
 
 from jaxbench import report_main
 from jaxbench.cards import catalog
-from jaxbench.results import measured, published, render, tables
+from jaxbench.results import measured, published, render, side_by_side, tables
 from jaxbench.results import records as report
 from models import registry
 
@@ -193,6 +193,7 @@ def test_report_command_writes_markdown_csv_and_pngs_that_open(tmp_path):
     [
       'measured.csv',
       'measured_other.csv',
+      'jax_pytorch.csv',
       'max_batch.csv',
       'throughput.csv',
       'normalized.csv',
@@ -300,16 +301,25 @@ def _csv(path) -> list[list[str]]:
     return list(csv.reader(f))
 
 
-def _registry_free(page: str, table: list[list[str]]) -> tuple[list[str], list[list[str]]]:
-  """The page and the measured CSV without the form and command columns, which follow today's
-  workloads (tests/test_measured.py checks them) rather than the results."""
+# The tables whose last columns follow today's workloads rather than the results (the form and
+# the command; tests/test_measured.py and test_side_by_side.py check them), by title and CSV.
+REGISTRY_COLUMNS = {
+  measured.TITLE: ('measured.csv', 2),
+  measured.OTHER_TITLE: ('measured_other.csv', 2),
+  side_by_side.TITLE: ('jax_pytorch.csv', 1),
+}
+
+
+def _registry_free(page: str, docs) -> tuple[list[str], list[list[list[str]]]]:
+  """The page and the CSVs of REGISTRY_COLUMNS' tables (in `docs`) without those columns."""
   lines = page.splitlines()
-  for title in (measured.TITLE, measured.OTHER_TITLE):
+  for title, (_, n) in REGISTRY_COLUMNS.items():
     i = lines.index(f'### {title}') + 2
     while lines[i].startswith('|'):
-      lines[i] = lines[i].rsplit(' | ', 2)[0]
+      lines[i] = lines[i].rsplit(' | ', n)[0]
       i += 1
-  return lines, [r[:-2] for r in table]
+  csvs = [[r[:-n] for r in _csv(os.path.join(docs, f))] for f, n in REGISTRY_COLUMNS.values()]
+  return lines, csvs
 
 
 @pytest.mark.slow
@@ -335,11 +345,12 @@ def test_docs_results_is_what_its_own_command_renders(tmp_path):
     timeout=600,
   )
   assert done.returncode == 0, done.stderr
+  partial = {f for f, _ in REGISTRY_COLUMNS.values()}
   for name in os.listdir(docs):
-    if name.endswith('.csv') and not name.startswith('measured'):
+    if name.endswith('.csv') and name not in partial:
       assert (copy / name).read_text() == open(os.path.join(docs, name)).read(), name
-  fresh = _registry_free((copy / 'README.md').read_text(), _csv(copy / 'measured.csv'))
-  assert fresh == _registry_free(page, _csv(os.path.join(docs, 'measured.csv'))), (
+  fresh = _registry_free((copy / 'README.md').read_text(), copy)
+  assert fresh == _registry_free(page, docs), (
     f'docs/results is not what its results render: run {command}'
   )
 

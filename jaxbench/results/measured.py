@@ -90,32 +90,31 @@ def _key(r: dict[str, Any]) -> tuple:
   )
 
 
+def order(r: dict[str, Any]) -> tuple:
+  """Where a result's row goes: the 2020 workload order, precision, memory (full, caps from the
+  largest, then cards in catalog order), search before fixed batches (largest first), then date."""
+  workloads, cards = published.workloads(), catalog.names()
+  w, p, gpu = r['workload'], r['precision'], (r.get('emulation') or {}).get('gpu')
+  limit = (r.get('memory') or {}).get('limit_bytes') or 0
+  return (
+    workloads.index(w) if w in workloads else len(workloads),
+    w,
+    PRECISIONS.index(p) if p in PRECISIONS else len(PRECISIONS),
+    p,
+    (2, cards.index(gpu) if gpu in cards else len(cards)) if gpu else (bool(limit), -limit),
+    _fixed(r),
+    -r['max_batch'],
+    r.get('timestamp', ''),
+  )
+
+
 def latest(results: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-  """The last measured JAX result of each row, in the table's order: the 2020 workload order,
-  precision, memory (full, caps from the largest, then cards in catalog order), search before
-  fixed batches (largest first), then date."""
+  """The last measured JAX result of each row, in the table's order (order())."""
   rows: dict[tuple, dict[str, Any]] = {}
   for r in results:
-    if is_measured(r) and records.framework(r) == 'jax':  # PyTorch's go in their own column
+    if is_measured(r) and records.framework(r) == 'jax':  # PyTorch's: side_by_side.py
       rows[_key(r)] = r
-  order = published.workloads()
-  cards = catalog.names()
-
-  def sort_key(r):
-    w, p, gpu = r['workload'], r['precision'], (r.get('emulation') or {}).get('gpu')
-    limit = (r.get('memory') or {}).get('limit_bytes') or 0
-    return (
-      order.index(w) if w in order else len(order),
-      w,
-      PRECISIONS.index(p) if p in PRECISIONS else len(PRECISIONS),
-      p,
-      (2, cards.index(gpu) if gpu in cards else len(cards)) if gpu else (bool(limit), -limit),
-      _fixed(r),
-      -r['max_batch'],
-      r.get('timestamp', ''),
-    )
-
-  return sorted(rows.values(), key=sort_key)
+  return sorted(rows.values(), key=order)
 
 
 def figure(value: float) -> str:
@@ -196,56 +195,11 @@ def split(results: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
   return [r for r in rows if id(r) in chosen], [r for r in rows if id(r) not in chosen]
 
 
-PYTORCH_HEADER = ['PyTorch', 'JAX/PyTorch']
-PYTORCH_NOTE = (
-  'PyTorch: the workload\'s PyTorch peer (--framework=pytorch; "compiled": --torch_compile) '
-  'at the same precision, memory and, for a fixed batch, batch: its max batch and throughput; '
-  'JAX/PyTorch: JAX\'s max batch and throughput over the peer\'s.'
-)
-
-
-def _peer_key(r: dict[str, Any]) -> tuple:
-  """What a JAX row and a PyTorch result must share to sit side by side."""
-  fixed = r['max_batch'] if _fixed(r) else None
-  return (r['workload'], r['precision'], bool(r.get('tiny')), memory_of(r), fixed)
-
-
-def pytorch_peers(results: Iterable[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
-  """_peer_key -> the latest measured PyTorch result of that workload, precision and memory."""
-  peers: dict[tuple, dict[str, Any]] = {}
-  for r in sorted(results, key=lambda r: r.get('timestamp') or ''):
-    if is_measured(r) and records.framework(r) == 'pytorch':
-      peers[_peer_key(r)] = r
-  return peers
-
-
-def _pytorch_cells(r: dict[str, Any], peer: dict[str, Any] | None) -> list[str]:
-  if peer is None:
-    return ['', '']
-  compiled = ' compiled' if peer.get('torch_compile') else ''
-  rate = peer['measurement']['units_per_s']
-  cell = f'{_batch(peer)}, {figure(rate)} {peer["throughput_unit"]}{compiled}'
-  jax_rate = r['measurement']['units_per_s']
-  ratios = []
-  if not _fixed(r) and peer['max_batch']:
-    ratios.append(f'batch {r["max_batch"] / peer["max_batch"]:.2f}x')
-  ratios.append(f'throughput {jax_rate / rate:.2f}x')
-  return [cell, ', '.join(ratios)]
-
-
 def table(results: Iterable[dict[str, Any]]) -> tables.Table:
-  """The max batch and throughput of each workload, precision and memory, with its command; with
-  the PyTorch peer's and the ratios where the results hold PyTorch runs."""
-  results = list(results)
+  """The max batch and throughput of each workload, precision and memory, with its command."""
   chosen = split(results)[0]
   notes = NOTES + [PARALLEL_NOTE] * any(_devices(r) > 1 for r in chosen)
-  peers = pytorch_peers(results)
-  if not peers:
-    return tables.Table(TITLE, list(HEADER), [row(r) for r in chosen], notes, code=('command',))
-  at = HEADER.index('step ms')
-  rows = [(x := row(r))[:at] + _pytorch_cells(r, peers.get(_peer_key(r))) + x[at:] for r in chosen]
-  header = HEADER[:at] + PYTORCH_HEADER + HEADER[at:]
-  return tables.Table(TITLE, header, rows, [*notes, PYTORCH_NOTE], code=('command',))
+  return tables.Table(TITLE, list(HEADER), [row(r) for r in chosen], notes, code=('command',))
 
 
 def others(results: Iterable[dict[str, Any]]) -> tables.Table:

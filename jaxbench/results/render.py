@@ -6,10 +6,12 @@ import sys
 from typing import Any
 
 from jaxbench.cards import catalog
-from jaxbench.results import charts, forecast, measured, published, store, tables
+from jaxbench.results import charts, forecast, measured, published, side_by_side, store, tables
 
 # The tables of the 2020 cards, in the page's order, after the measured runs.
 ORDER = ('max_batch', 'throughput', 'normalized', 'summary', 'prediction', 'forecast')
+# The tables before them, each a CSV of this name: the measured runs, then JAX beside PyTorch.
+MEASURED = ('measured', 'measured_other', 'jax_pytorch')
 INDEX = 'README.md'
 TIDY = 'results.csv'
 DEFAULT_REFERENCE = 'quadro_rtx_8000'
@@ -246,9 +248,9 @@ def command(store_paths: list[str], out_dir: str, reference: str) -> str:
 
 
 def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[str]:
-  """Render the store(s) into out_dir: README.md (the measured runs, then the 2020 cards' tables
-  beside the published figures, the charts and the command that renders it again), one CSV per
-  table and the PNG charts; the paths written."""
+  """Render the store(s) into out_dir: README.md (the measured runs, JAX beside PyTorch, then the
+  2020 cards' tables beside the published figures, the charts and the command that renders it
+  again), one CSV per table and the PNG charts; the paths written."""
   if isinstance(store_paths, str):
     store_paths = [store_paths]
   records = read(store_paths)
@@ -261,11 +263,12 @@ def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[st
   built = {
     'measured': measured.table(records),
     'measured_other': measured.others(records),
+    'jax_pytorch': side_by_side.table(records),
     **build_tables(data, reference, records),
   }
   os.makedirs(out_dir, exist_ok=True)
   paths = []
-  for name in ('measured', 'measured_other') + ORDER:
+  for name in MEASURED + ORDER:
     paths.append(os.path.join(out_dir, f'{name}.csv'))
     with open(paths[-1], 'w') as f:
       f.write(built[name].csv())
@@ -287,6 +290,10 @@ def write(store_paths: str | list[str], out_dir: str, reference: str) -> list[st
     built['measured'].markdown(),
     '',
     built['measured_other'].markdown(),
+    '',
+    '## JAX beside PyTorch',
+    '',
+    built['jax_pytorch'].markdown(),
     '',
     '## The 2020 cards',
     '',

@@ -1,0 +1,166 @@
+"""JAX beside PyTorch on the same GPU: a row per GPU, workload, precision, memory and batch with
+a measured JAX result and a measured PyTorch one (eager, torch.compile or both), and the ratio of
+JAX's throughput to the better PyTorch's."""
+
+from typing import Any, Iterable
+
+from jaxbench.results import commands, measured, records, store, tables
+
+TITLE = 'JAX and PyTorch on the same GPU, precision, memory and batch'
+SIDES = ('jax', 'eager', 'compiled')
+HEADER = [
+  'workload',
+  'precision',
+  'GPU',
+  'memory',
+  'batch',
+  'JAX',
+  'PyTorch eager',
+  'PyTorch compiled',
+  'JAX / PyTorch',
+  'peak memory JAX',
+  'peak memory PyTorch',
+  'date',
+  'commands',
+]
+NOTES = [
+  'JAX / PyTorch: JAX\'s throughput over the better of PyTorch eager and torch.compile '
+  '(--torch_compile), named where both ran, on the same GPU at the same precision, memory and '
+  'batch; a `--frameworks=jax,pytorch` command measures both with the same warm-up steps, timed '
+  'windows and median step.',
+  'batch: a fixed batch (--batch_size) pairs only with the same batch; "max J / P" pairs two '
+  'max-batch searches: JAX\'s max batch, PyTorch\'s (eager\'s and compiled\'s where they '
+  'differ), and JAX\'s over the larger PyTorch one. memory: as in the measured tables.',
+  'PyTorch compiled: its throughput and, in parentheses, its first step: torch.compile\'s '
+  'compile and autotuning. peak memory: JAX\'s is the compiled step\'s forecast (XLA\'s memory '
+  'analysis), PyTorch\'s the allocator\'s measured peak. commands: the command of each side\'s '
+  'run, in the order of the columns. "-": not measured.',
+]
+EMPTY = 'No workload in these results has both a measured JAX and a measured PyTorch run.'
+
+
+def _fixed(r: dict[str, Any]) -> bool:
+  return (r.get('search') or {}).get('mode') == 'fixed'
+
+
+def side(r: dict[str, Any]) -> str:
+  """'jax', or the PyTorch mode: 'eager' or 'compiled' (--torch_compile)."""
+  if records.framework(r) == 'jax':
+    return 'jax'
+  return 'compiled' if r.get('torch_compile') else 'eager'
+
+
+def key(r: dict[str, Any]) -> tuple:
+  """What the sides of a row share: the GPU, workload, precision, preset, memory, devices and
+  batch (a fixed one; None for a max-batch search)."""
+  return (
+    (r.get('device') or {}).get('kind'),
+    r['workload'],
+    r['precision'],
+    bool(r.get('tiny')),
+    measured.memory_of(r),
+    (r.get('parallel') or {}).get('global_devices', 1),
+    r['max_batch'] if _fixed(r) else None,
+  )
+
+
+def pairs(results: Iterable[dict[str, Any]]) -> list[dict[str, dict[str, Any]]]:
+  """Per row, side() -> the latest measured result of that side, for each key with a JAX result
+  and at least one PyTorch one; in the 2020 workload order, then precision, memory and batch."""
+  found: dict[tuple, dict[str, dict[str, Any]]] = {}
+  for r in sorted(results, key=lambda r: r.get('timestamp') or ''):
+    if measured.is_measured(r):
+      found.setdefault(key(r), {})[side(r)] = r
+  rows = [by for by in found.values() if 'jax' in by and len(by) > 1]
+  return sorted(rows, key=lambda by: (measured.order(by['jax']), key(by['jax'])[0] or ''))
+
+
+def _unit(r: dict[str, Any]) -> str:
+  return r['unit'][:-1] if r['max_batch'] == 1 and r['unit'].endswith('s') else r['unit']
+
+
+def _count(r: dict[str, Any]) -> str:
+  return ('≥' if store.lower_bound(r) else '') + f'{r["max_batch"]:,}'
+
+
+def batch(by: dict[str, dict[str, Any]]) -> str:
+  """The fixed batch, or each side's max batch and JAX's over the larger PyTorch one."""
+  j = by['jax']
+  if _fixed(j):
+    return f'{j["max_batch"]:,} {_unit(j)}'
+  torch = [by[m] for m in SIDES[1:] if m in by]
+  if len({t['max_batch'] for t in torch}) == 1:
+    shown = _count(torch[0])
+  else:
+    shown = ' / '.join(f'{_count(by[m])} {m}' for m in SIDES[1:])
+  larger = max(t['max_batch'] for t in torch)
+  ratio = f', {j["max_batch"] / larger:.2f}x' if larger else ''
+  return f'max {_count(j)} / {shown} {_unit(j)}{ratio}'
+
+
+def _rate(r: dict[str, Any]) -> float:
+  return r['measurement']['units_per_s']
+
+
+def throughput(r: dict[str, Any] | None) -> str:
+  """A side's throughput, '-' where it did not run; a compiled side's compile time after it."""
+  if r is None:
+    return '-'
+  text = f'{measured.figure(_rate(r))} {r["throughput_unit"]}'
+  compile_s = r['measurement'].get('compile_s')
+  if r.get('torch_compile') and compile_s is not None:
+    text += f' (compile {compile_s:.1f} s)'
+  return text
+
+
+def ratio(by: dict[str, dict[str, Any]]) -> str:
+  """JAX's throughput over the better PyTorch side's, naming that side where both ran."""
+  torch = [m for m in SIDES[1:] if m in by]
+  better = max(torch, key=lambda m: _rate(by[m]))
+  text = f'{_rate(by["jax"]) / _rate(by[better]):.2f}x'
+  return text + (f' over {better}' if len(torch) > 1 else '')
+
+
+def _peak(r: dict[str, Any]) -> int | None:
+  m = r['measurement']
+  return m.get('predicted_peak_bytes' if side(r) == 'jax' else 'process_peak_bytes')
+
+
+def peak_torch(by: dict[str, dict[str, Any]]) -> str:
+  torch = [m for m in SIDES[1:] if m in by]
+  if len(torch) == 1:
+    return records.human_bytes(_peak(by[torch[0]]))
+  return ', '.join(f'{records.human_bytes(_peak(by[m]))} {m}' for m in torch)
+
+
+def _dates(by: dict[str, dict[str, Any]]) -> str:
+  dates = sorted({r['timestamp'][:10] for r in by.values() if r.get('timestamp')})
+  if not dates:
+    return ''
+  return dates[0] if len(dates) == 1 else f'{dates[0]} to {dates[-1]}'
+
+
+def row(by: dict[str, dict[str, Any]]) -> list[str]:
+  j = by['jax']
+  return [
+    j['workload'],
+    j['precision'] + (' tiny' if j.get('tiny') else ''),
+    (j.get('device') or {}).get('kind') or '',
+    measured.memory_of(j),
+    batch(by),
+    throughput(j),
+    throughput(by.get('eager')),
+    throughput(by.get('compiled')),
+    ratio(by),
+    records.human_bytes(_peak(j)),
+    peak_torch(by),
+    _dates(by),
+    '; '.join(commands.command_of(by[s]) for s in SIDES if s in by),
+  ]
+
+
+def table(results: Iterable[dict[str, Any]]) -> tables.Table:
+  """JAX beside PyTorch eager and compiled, a row per GPU, workload, precision, memory and batch
+  that both measured."""
+  rows = [row(by) for by in pairs(results)]
+  return tables.Table(TITLE, list(HEADER), rows, NOTES if rows else [EMPTY, *NOTES], ('commands',))
