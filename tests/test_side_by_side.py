@@ -57,6 +57,15 @@ def test_a_fixed_batch_pairs_only_with_a_pytorch_run_of_the_same_batch(toy):  # 
   assert row['JAX / PyTorch'] == '1.25x'  # one PyTorch side: no name
   assert (row['GPU'], row['memory'], row['precision']) == ('NVIDIA H200', 'full', 'bf16')
   assert (row['peak memory JAX'], row['peak memory PyTorch']) == ('9.00 GB', '7.00 GB')
+  assert row['form'] == ''  # the command runs the recorded program today
+
+
+def test_a_jax_run_of_an_earlier_revision_says_so(toy):  # noqa: F811
+  results = [
+    jax_run(search=FIXED, max_batch=64, workload_revision=1),
+    torch_run(1200.0, search=FIXED, max_batch=64),
+  ]
+  assert cells(side_by_side.table(results))['form'] == 'earlier form: revision 1'
 
 
 def test_eager_and_compiled_are_both_shown_and_the_ratio_is_over_the_better(toy):  # noqa: F811

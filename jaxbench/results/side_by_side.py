@@ -21,6 +21,7 @@ HEADER = [
   'peak memory JAX',
   'peak memory PyTorch',
   'date',
+  'form',
   'commands',
 ]
 NOTES = [
@@ -34,7 +35,8 @@ NOTES = [
   'PyTorch compiled: its throughput and, in parentheses, its first step: torch.compile\'s '
   'compile and autotuning. peak memory: JAX\'s is the compiled step\'s forecast (XLA\'s memory '
   'analysis), PyTorch\'s the allocator\'s measured peak. commands: the command of each side\'s '
-  'run, in the order of the columns. "-": not measured.',
+  'run, in the order of the columns. form: as in the measured tables, of the JAX run. "-": not '
+  'measured.',
 ]
 EMPTY = 'No workload in these results has both a measured JAX and a measured PyTorch run.'
 
@@ -155,6 +157,7 @@ def row(by: dict[str, dict[str, Any]]) -> list[str]:
     records.human_bytes(_peak(j)),
     peak_torch(by),
     _dates(by),
+    commands.earlier_form(j) or '',
     '; '.join(commands.command_of(by[s]) for s in SIDES if s in by),
   ]
 
