@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from models import registry
+from tests import forked
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,54 +50,63 @@ def started(*args):
   )
 
 
-@pytest.mark.parametrize(
-  'args, says',
-  [
-    (['--model=resnet_9000'], 'valid models: '),
-    (['--list_models', '--model=bert_base'], '--list_models takes no'),
-    (['--model=bert_base', '--describe', '--batch_size=8'], '--describe runs nothing'),
-    (['--model=bert_base', '--steps=2', '--windows=5'], 'at least --windows'),
-    (['--model=bert_base', '--set=no_such_key=3'], 'no config key'),
-    (['--model=bert_base', '--set=oops'], 'KEY=VALUE'),
-    (['--model=conv_seq2seq', '--set=conv_impl=cudnn'], 'conv_impl must be one of'),
-    (['--model=transformer_big', '--notiny', '--batch_size=10'], 'less than one example'),
-    (['--model=bert_base', '--output=/no/such/dir/out.jsonl'], 'does not exist'),
-    (['--model=bert_base', '--search_hints=/no/such/file.jsonl'], 'is not a file'),
-    (['--model=bert_base', '--search_resume'], '--search_resume goes on with a search'),
-    (
-      ['--model=bert_base', '--search_resume', '--search_hints=README.md', '--batch_size=8'],
-      'and no --batch_size',
-    ),
-    (
-      ['--model=bert_base', '--search_resume', '--predict', '--memory_gb=8'],
-      '--search_resume goes on with a search',
-    ),
-    (['--model=bert_base', '--norun_every_fit', '--batch_size=8'], 'is for searches'),
-    (['--model=bert_base', '--norun_every_fit', '--verify_predicted_oom'], 'give one of them'),
-    (['--model=bert_base', '--norun_every_fit', '--predict', '--memory_gb=8'], 'runs nothing'),
-    (['--model=bert_base', '--probe_autotune_level=0', '--batch_size=8'], 'not with --batch_size'),
-    (
-      ['--model=bert_base', '--probe_autotune_level=0', '--verify_predicted_oom'],
-      'not with --verify_predicted_oom',
-    ),
-    (['--model=bert_base', '--probe_autotune_level=0', '--predict', '--gpu=t4'], 'compiles only'),
-    (['--model=bert_base', '--check', '--describe'], '--check validates a run'),
-    (['--model=bert_base', '--check', '--steps=2', '--windows=5'], 'at least --windows'),
-    ([], '--model'),
-    (['--model=bert_base', 'stray'], 'unexpected arguments'),
-  ],
-)
-def test_bad_input_is_one_line_and_status_2(args, says, tmp_path):
-  out = tmp_path / 'r.jsonl'
-  r = jaxbench(
-    *args,
-    f'--output={out}'
-    if not any('output' in a for a in args)
-    and args
-    and '--describe' not in args
-    and '--list_models' not in args
-    else '--seed=0',
-  )
+BAD_INPUT = [
+  (['--model=resnet_9000'], 'valid models: '),
+  (['--list_models', '--model=bert_base'], '--list_models takes no'),
+  (['--model=bert_base', '--describe', '--batch_size=8'], '--describe runs nothing'),
+  (['--model=bert_base', '--steps=2', '--windows=5'], 'at least --windows'),
+  (['--model=bert_base', '--set=no_such_key=3'], 'no config key'),
+  (['--model=bert_base', '--set=oops'], 'KEY=VALUE'),
+  (['--model=conv_seq2seq', '--set=conv_impl=cudnn'], 'conv_impl must be one of'),
+  (['--model=transformer_big', '--notiny', '--batch_size=10'], 'less than one example'),
+  (['--model=bert_base', '--output=/no/such/dir/out.jsonl'], 'does not exist'),
+  (['--model=bert_base', '--search_hints=/no/such/file.jsonl'], 'is not a file'),
+  (['--model=bert_base', '--search_resume'], '--search_resume goes on with a search'),
+  (
+    ['--model=bert_base', '--search_resume', '--search_hints=README.md', '--batch_size=8'],
+    'and no --batch_size',
+  ),
+  (
+    ['--model=bert_base', '--search_resume', '--predict', '--memory_gb=8'],
+    '--search_resume goes on with a search',
+  ),
+  (['--model=bert_base', '--norun_every_fit', '--batch_size=8'], 'is for searches'),
+  (['--model=bert_base', '--norun_every_fit', '--verify_predicted_oom'], 'give one of them'),
+  (['--model=bert_base', '--norun_every_fit', '--predict', '--memory_gb=8'], 'runs nothing'),
+  (['--model=bert_base', '--probe_autotune_level=0', '--batch_size=8'], 'not with --batch_size'),
+  (
+    ['--model=bert_base', '--probe_autotune_level=0', '--verify_predicted_oom'],
+    'not with --verify_predicted_oom',
+  ),
+  (['--model=bert_base', '--probe_autotune_level=0', '--predict', '--gpu=t4'], 'compiles only'),
+  (['--model=bert_base', '--check', '--describe'], '--check validates a run'),
+  (['--model=bert_base', '--check', '--steps=2', '--windows=5'], 'at least --windows'),
+  ([], '--model'),
+  (['--model=bert_base', 'stray'], 'unexpected arguments'),
+]
+
+
+@pytest.fixture(scope='module')
+def bad_input_runs(tmp_path_factory):
+  """Each of BAD_INPUT's command lines run (in one batch: tests/forked.py), with the --output
+  it names where it names none and could take one."""
+  outs, runs = [], []
+  for args, _ in BAD_INPUT:
+    out = tmp_path_factory.mktemp('bad_input') / 'r.jsonl'
+    takes_output = (
+      not any('output' in a for a in args)
+      and args
+      and '--describe' not in args
+      and '--list_models' not in args
+    )
+    outs.append(out)
+    runs.append([*args, f'--output={out}' if takes_output else '--seed=0'])
+  return list(zip(forked.run(runs), outs))
+
+
+@pytest.mark.parametrize('args, says', BAD_INPUT)
+def test_bad_input_is_one_line_and_status_2(args, says, bad_input_runs):
+  r, out = bad_input_runs[BAD_INPUT.index((args, says))]
   assert r.returncode == 2, (r.returncode, r.stderr)
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and 'Traceback' not in r.stderr, r.stderr
