@@ -27,14 +27,15 @@ def jaxbench(*args, timeout=600):
   )
 
 
-# A run that ends in seconds on the CPU: tiny BERT, a fixed batch, one timed step.
+# A run that ends in seconds on the CPU: tiny BERT, a fixed batch, two timed windows.
 TINY_FIXED_BATCH = (
   '--model=bert_base',
   '--tiny',
-  '--batch_size=2',
-  '--steps=1',
-  '--windows=1',
-  '--warmup_steps=0',
+  '--batch_size=4',
+  '--steps=2',
+  '--windows=2',
+  '--warmup_steps=1',
+  '--precision=bf16',
 )
 
 
@@ -144,20 +145,28 @@ def test_describe_gives_exact_parameter_counts():
   assert described['bert_base']['config']['seq_len'] == 128
 
 
+@pytest.fixture(scope='module')
+def fixed_batch_twice(tmp_path_factory):
+  """A fixed-batch run into an output that holds an earlier result, with a progress file and a
+  compilation cache, then the same run again: [(run, output, progress file)] (the tests below
+  share their compiles: some 8 s each on one core)."""
+  where, runs = tmp_path_factory.mktemp('fixed_batch'), []
+  for i in range(2):
+    out, progress = where / f'r{i}.jsonl', where / f'p{i}.json'
+    out.write_text('{"earlier": "result"}\n')
+    r = jaxbench(
+      *TINY_FIXED_BATCH,
+      f'--compilation_cache_dir={where / "cache"}',
+      f'--output={out}',
+      f'--progress_file={progress}',
+    )
+    runs.append((r, out, progress))
+  return runs
+
+
 @pytest.mark.slow
-def test_fixed_batch_run_appends_one_json_line_with_every_field(tmp_path):
-  out = tmp_path / 'r.jsonl'
-  out.write_text('{"earlier": "result"}\n')
-  r = jaxbench(
-    '--model=bert_base',
-    '--tiny',
-    '--batch_size=4',
-    '--steps=2',
-    '--windows=2',
-    '--warmup_steps=1',
-    '--precision=bf16',
-    f'--output={out}',
-  )
+def test_fixed_batch_run_appends_one_json_line_with_every_field(fixed_batch_twice):
+  r, out, _ = fixed_batch_twice[0]
   assert r.returncode == 0, r.stderr
   lines = out.read_text().splitlines()
   assert len(lines) == 2
@@ -180,6 +189,28 @@ def test_fixed_batch_run_appends_one_json_line_with_every_field(tmp_path):
   assert re.search(r'  bert_base: batch 4 sequences: compiled in \d+\.\d s, running\n', r.stderr)
   assert '  bert_base: timing at 4 sequences\n' in r.stderr
   assert 'compiling' not in r.stdout and 'workload' not in r.stderr
+
+
+def test_a_run_that_ends_removes_its_progress_file(fixed_batch_twice):
+  for r, out, progress in fixed_batch_twice:
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text().splitlines()[-1])['status'] == 'ok'
+    assert not progress.exists() and not list(progress.parent.glob(f'{progress.name}.tmp*'))
+
+
+def test_a_step_from_the_compilation_cache_is_marked_as_a_load(fixed_batch_twice):
+  """--compilation_cache_dir: the second process loads the step; its compile_s is no compile."""
+  trials, results = [], []
+  for r, out, _ in fixed_batch_twice:
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text().splitlines()[-1])
+    (trial,) = result['search']['trials']
+    trials.append(trial)
+    results.append(result)
+    assert result['measurement']['compile_cached'] is trial['cached']
+  assert [t['cached'] for t in trials] == [False, True]
+  assert [r['search'][k] for r in results for k in ('compiles', 'cache_loads')] == [1, 0, 0, 1]
+  assert trials[0]['predicted_peak_bytes'] == trials[1]['predicted_peak_bytes']
 
 
 @pytest.mark.slow
@@ -244,14 +275,6 @@ def test_a_killed_run_leaves_its_trials_in_the_progress_file(tmp_path):
   )
 
 
-def test_a_run_that_ends_removes_its_progress_file(tmp_path):
-  out, progress = tmp_path / 'r.jsonl', tmp_path / 'p.json'
-  r = jaxbench(*TINY_FIXED_BATCH, f'--output={out}', f'--progress_file={progress}')
-  assert r.returncode == 0, r.stderr
-  assert json.loads(out.read_text())['status'] == 'ok'
-  assert not progress.exists() and not list(tmp_path.glob('p.json.tmp*'))
-
-
 @pytest.mark.parametrize(
   'args, message',
   [
@@ -270,24 +293,6 @@ def test_progress_file_conflicts_are_one_line_and_status_2(tmp_path, args, messa
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and message in lines[0], r.stderr
   assert not (tmp_path / 'p.json').exists()
-
-
-def test_a_step_from_the_compilation_cache_is_marked_as_a_load(tmp_path):
-  """--compilation_cache_dir: the second process loads the step; its compile_s is no compile."""
-  cache = tmp_path / 'cache'
-  trials, results = [], []
-  for i in range(2):
-    out = tmp_path / f'r{i}.jsonl'
-    r = jaxbench(*TINY_FIXED_BATCH, f'--compilation_cache_dir={cache}', f'--output={out}')
-    assert r.returncode == 0, r.stderr
-    result = json.loads(out.read_text())
-    (trial,) = result['search']['trials']
-    trials.append(trial)
-    results.append(result)
-    assert result['measurement']['compile_cached'] is trial['cached']
-  assert [t['cached'] for t in trials] == [False, True]
-  assert [r['search'][k] for r in results for k in ('compiles', 'cache_loads')] == [1, 0, 0, 1]
-  assert trials[0]['predicted_peak_bytes'] == trials[1]['predicted_peak_bytes']
 
 
 def test_a_resumed_prediction_compiles_nothing_an_earlier_one_compiled(tmp_path):
