@@ -87,56 +87,90 @@ BAD_INPUT = [
 ]
 
 
+PROGRESS_CONFLICTS = [
+  (['--model=bert_base', '--progress_file=/nonexistent/dir/p.json'], 'does not exist'),
+  (['--model=bert_base', '--describe', '--progress_file=PROGRESS'], 'takes no --progress_file'),
+  (
+    ['--model=bert_base', '--output=PROGRESS', '--progress_file=PROGRESS'],
+    'must be different files',
+  ),
+]
+
+
 @pytest.fixture(scope='module')
-def bad_input_runs(tmp_path_factory):
-  """Each of BAD_INPUT's command lines run (in one batch: tests/forked.py), with the --output
-  it names where it names none and could take one."""
-  outs, runs = [], []
-  for args, _ in BAD_INPUT:
-    out = tmp_path_factory.mktemp('bad_input') / 'r.jsonl'
+def quick_runs(tmp_path_factory):
+  """This module's command lines that end at their flags, a --check, --list_models or
+  --describe, run in one batch (tests/forked.py): {key: (run, a directory of its own)}."""
+  lines, dirs = {}, {}
+  for i, (args, _) in enumerate(BAD_INPUT):
+    dirs['bad', i] = tmp_path_factory.mktemp('bad_input')
     takes_output = (
       not any('output' in a for a in args)
       and args
       and '--describe' not in args
       and '--list_models' not in args
     )
-    outs.append(out)
-    runs.append([*args, f'--output={out}' if takes_output else '--seed=0'])
-  return list(zip(forked.run(runs), outs))
+    out = f'--output={dirs["bad", i] / "r.jsonl"}'
+    lines['bad', i] = [*args, out if takes_output else '--seed=0']
+  for i, (args, _) in enumerate(PROGRESS_CONFLICTS):
+    dirs['progress', i] = tmp_path_factory.mktemp('progress')
+    lines['progress', i] = [
+      a.replace('PROGRESS', str(dirs['progress', i] / 'p.json')) for a in args
+    ]
+  check = dirs['check'] = dirs['sweep'] = tmp_path_factory.mktemp('check')
+  lines['check'] = [
+    '--model=stylegan,bert_base',
+    '--precision=bf16',
+    '--batch_size=8',
+    '--check',
+    f'--output={check / "r.jsonl"}',
+  ]
+  lines['sweep'] = ['--model=bert_base', '--gpus=t4,v100_16', f'--store={check / "cells.jsonl"}']
+  lines['sweep'].append('--check')
+  lines['list'] = ['--list_models']
+  lines['describe'] = ['--model=bert_base,transformer_big', '--describe']
+  keys = list(lines)
+  return {k: (r, dirs.get(k)) for k, r in zip(keys, forked.run([lines[k] for k in keys]))}
 
 
 @pytest.mark.parametrize('args, says', BAD_INPUT)
-def test_bad_input_is_one_line_and_status_2(args, says, bad_input_runs):
-  r, out = bad_input_runs[BAD_INPUT.index((args, says))]
+def test_bad_input_is_one_line_and_status_2(args, says, quick_runs):
+  r, where = quick_runs['bad', BAD_INPUT.index((args, says))]
   assert r.returncode == 2, (r.returncode, r.stderr)
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and 'Traceback' not in r.stderr, r.stderr
   assert says in lines[0], lines[0]
-  assert not out.exists()  # nothing half-written
+  assert not (where / 'r.jsonl').exists()  # nothing half-written
 
 
-def test_check_validates_a_run_and_a_sweep_and_builds_nothing(tmp_path):
-  out, store = tmp_path / 'r.jsonl', tmp_path / 'cells.jsonl'
-  r = jaxbench(
-    '--model=stylegan,bert_base', '--precision=bf16', '--batch_size=8', '--check', f'--output={out}'
-  )
+@pytest.mark.parametrize('args, message', PROGRESS_CONFLICTS)
+def test_progress_file_conflicts_are_one_line_and_status_2(quick_runs, args, message):
+  r, where = quick_runs['progress', PROGRESS_CONFLICTS.index((args, message))]
+  assert r.returncode == 2, r.stderr
+  lines = r.stderr.strip().splitlines()
+  assert len(lines) == 1 and message in lines[0], r.stderr
+  assert not (where / 'p.json').exists()
+
+
+def test_check_validates_a_run_and_a_sweep_and_builds_nothing(quick_runs):
+  r, where = quick_runs['check']
   assert r.returncode == 0, r.stderr
   assert r.stdout.strip() == 'jaxbench: ok: the flags are valid for stylegan, bert_base'
-  r = jaxbench('--model=bert_base', '--gpus=t4,v100_16', f'--store={store}', '--check')
+  r, _ = quick_runs['sweep']
   assert r.returncode == 0, r.stderr
   assert r.stdout.strip() == 'jaxbench: ok: the flags are valid for a sweep of 2 cells'
-  assert not out.exists() and not store.exists()
+  assert not (where / 'r.jsonl').exists() and not (where / 'cells.jsonl').exists()
 
 
-def test_list_models_names_every_workload():
-  r = jaxbench('--list_models')
+def test_list_models_names_every_workload(quick_runs):
+  r, _ = quick_runs['list']
   assert r.returncode == 0, r.stderr
   listed = [line.split()[0] for line in r.stdout.strip().splitlines()]
   assert listed == registry.names()
 
 
-def test_describe_gives_exact_parameter_counts():
-  r = jaxbench('--model=bert_base,transformer_big', '--describe')
+def test_describe_gives_exact_parameter_counts(quick_runs):
+  r, _ = quick_runs['describe']
   assert r.returncode == 0, r.stderr
   described = {d['name']: d for d in map(json.loads, r.stdout.strip().splitlines())}
   assert described['bert_base']['params'] == 110_106_428  # HF BertForPreTraining
@@ -273,26 +307,6 @@ def test_a_killed_run_leaves_its_trials_in_the_progress_file(tmp_path):
   assert record['max_examples'] == max(
     (t['examples'] for t in record['search']['trials'] if t['outcome'] == 'fits'), default=0
   )
-
-
-@pytest.mark.parametrize(
-  'args, message',
-  [
-    (['--model=bert_base', '--progress_file=/nonexistent/dir/p.json'], 'does not exist'),
-    (['--model=bert_base', '--describe', '--progress_file=PROGRESS'], 'takes no --progress_file'),
-    (
-      ['--model=bert_base', '--output=PROGRESS', '--progress_file=PROGRESS'],
-      'must be different files',
-    ),
-  ],
-)
-def test_progress_file_conflicts_are_one_line_and_status_2(tmp_path, args, message):
-  args = [a.replace('PROGRESS', str(tmp_path / 'p.json')) for a in args]
-  r = jaxbench(*args)
-  assert r.returncode == 2, r.stderr
-  lines = r.stderr.strip().splitlines()
-  assert len(lines) == 1 and message in lines[0], r.stderr
-  assert not (tmp_path / 'p.json').exists()
 
 
 def test_a_resumed_prediction_compiles_nothing_an_earlier_one_compiled(tmp_path):
