@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from models import registry
+from tests import forked
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,14 +27,15 @@ def jaxbench(*args, timeout=600):
   )
 
 
-# A run that ends in seconds on the CPU: tiny BERT, a fixed batch, one timed step.
+# A run that ends in seconds on the CPU: tiny BERT, a fixed batch, two timed windows.
 TINY_FIXED_BATCH = (
   '--model=bert_base',
   '--tiny',
-  '--batch_size=2',
-  '--steps=1',
-  '--windows=1',
-  '--warmup_steps=0',
+  '--batch_size=4',
+  '--steps=2',
+  '--windows=2',
+  '--warmup_steps=1',
+  '--precision=bf16',
 )
 
 
@@ -49,83 +51,126 @@ def started(*args):
   )
 
 
-@pytest.mark.parametrize(
-  'args, says',
-  [
-    (['--model=resnet_9000'], 'valid models: '),
-    (['--list_models', '--model=bert_base'], '--list_models takes no'),
-    (['--model=bert_base', '--describe', '--batch_size=8'], '--describe runs nothing'),
-    (['--model=bert_base', '--steps=2', '--windows=5'], 'at least --windows'),
-    (['--model=bert_base', '--set=no_such_key=3'], 'no config key'),
-    (['--model=bert_base', '--set=oops'], 'KEY=VALUE'),
-    (['--model=conv_seq2seq', '--set=conv_impl=cudnn'], 'conv_impl must be one of'),
-    (['--model=transformer_big', '--notiny', '--batch_size=10'], 'less than one example'),
-    (['--model=bert_base', '--output=/no/such/dir/out.jsonl'], 'does not exist'),
-    (['--model=bert_base', '--search_hints=/no/such/file.jsonl'], 'is not a file'),
-    (['--model=bert_base', '--search_resume'], '--search_resume goes on with a search'),
-    (
-      ['--model=bert_base', '--search_resume', '--search_hints=README.md', '--batch_size=8'],
-      'and no --batch_size',
-    ),
-    (
-      ['--model=bert_base', '--search_resume', '--predict', '--memory_gb=8'],
-      '--search_resume goes on with a search',
-    ),
-    (['--model=bert_base', '--norun_every_fit', '--batch_size=8'], 'is for searches'),
-    (['--model=bert_base', '--norun_every_fit', '--verify_predicted_oom'], 'give one of them'),
-    (['--model=bert_base', '--norun_every_fit', '--predict', '--memory_gb=8'], 'runs nothing'),
-    (['--model=bert_base', '--probe_autotune_level=0', '--batch_size=8'], 'not with --batch_size'),
-    (
-      ['--model=bert_base', '--probe_autotune_level=0', '--verify_predicted_oom'],
-      'not with --verify_predicted_oom',
-    ),
-    (['--model=bert_base', '--probe_autotune_level=0', '--predict', '--gpu=t4'], 'compiles only'),
-    (['--model=bert_base', '--check', '--describe'], '--check validates a run'),
-    (['--model=bert_base', '--check', '--steps=2', '--windows=5'], 'at least --windows'),
-    ([], '--model'),
-    (['--model=bert_base', 'stray'], 'unexpected arguments'),
-  ],
-)
-def test_bad_input_is_one_line_and_status_2(args, says, tmp_path):
-  out = tmp_path / 'r.jsonl'
-  r = jaxbench(
-    *args,
-    f'--output={out}'
-    if not any('output' in a for a in args)
-    and args
-    and '--describe' not in args
-    and '--list_models' not in args
-    else '--seed=0',
-  )
+BAD_INPUT = [
+  (['--model=resnet_9000'], 'valid models: '),
+  (['--list_models', '--model=bert_base'], '--list_models takes no'),
+  (['--model=bert_base', '--describe', '--batch_size=8'], '--describe runs nothing'),
+  (['--model=bert_base', '--steps=2', '--windows=5'], 'at least --windows'),
+  (['--model=bert_base', '--set=no_such_key=3'], 'no config key'),
+  (['--model=bert_base', '--set=oops'], 'KEY=VALUE'),
+  (['--model=conv_seq2seq', '--set=conv_impl=cudnn'], 'conv_impl must be one of'),
+  (['--model=transformer_big', '--notiny', '--batch_size=10'], 'less than one example'),
+  (['--model=bert_base', '--output=/no/such/dir/out.jsonl'], 'does not exist'),
+  (['--model=bert_base', '--search_hints=/no/such/file.jsonl'], 'is not a file'),
+  (['--model=bert_base', '--search_resume'], '--search_resume goes on with a search'),
+  (
+    ['--model=bert_base', '--search_resume', '--search_hints=README.md', '--batch_size=8'],
+    'and no --batch_size',
+  ),
+  (
+    ['--model=bert_base', '--search_resume', '--predict', '--memory_gb=8'],
+    '--search_resume goes on with a search',
+  ),
+  (['--model=bert_base', '--norun_every_fit', '--batch_size=8'], 'is for searches'),
+  (['--model=bert_base', '--norun_every_fit', '--verify_predicted_oom'], 'give one of them'),
+  (['--model=bert_base', '--norun_every_fit', '--predict', '--memory_gb=8'], 'runs nothing'),
+  (['--model=bert_base', '--probe_autotune_level=0', '--batch_size=8'], 'not with --batch_size'),
+  (
+    ['--model=bert_base', '--probe_autotune_level=0', '--verify_predicted_oom'],
+    'not with --verify_predicted_oom',
+  ),
+  (['--model=bert_base', '--probe_autotune_level=0', '--predict', '--gpu=t4'], 'compiles only'),
+  (['--model=bert_base', '--check', '--describe'], '--check validates a run'),
+  (['--model=bert_base', '--check', '--steps=2', '--windows=5'], 'at least --windows'),
+  ([], '--model'),
+  (['--model=bert_base', 'stray'], 'unexpected arguments'),
+]
+
+
+PROGRESS_CONFLICTS = [
+  (['--model=bert_base', '--progress_file=/nonexistent/dir/p.json'], 'does not exist'),
+  (['--model=bert_base', '--describe', '--progress_file=PROGRESS'], 'takes no --progress_file'),
+  (
+    ['--model=bert_base', '--output=PROGRESS', '--progress_file=PROGRESS'],
+    'must be different files',
+  ),
+]
+
+
+@pytest.fixture(scope='module')
+def quick_runs(tmp_path_factory):
+  """This module's command lines that end at their flags, a --check, --list_models or
+  --describe, run in one batch (tests/forked.py): {key: (run, a directory of its own)}."""
+  lines, dirs = {}, {}
+  for i, (args, _) in enumerate(BAD_INPUT):
+    dirs['bad', i] = tmp_path_factory.mktemp('bad_input')
+    takes_output = (
+      not any('output' in a for a in args)
+      and args
+      and '--describe' not in args
+      and '--list_models' not in args
+    )
+    out = f'--output={dirs["bad", i] / "r.jsonl"}'
+    lines['bad', i] = [*args, out if takes_output else '--seed=0']
+  for i, (args, _) in enumerate(PROGRESS_CONFLICTS):
+    dirs['progress', i] = tmp_path_factory.mktemp('progress')
+    lines['progress', i] = [
+      a.replace('PROGRESS', str(dirs['progress', i] / 'p.json')) for a in args
+    ]
+  check = dirs['check'] = dirs['sweep'] = tmp_path_factory.mktemp('check')
+  lines['check'] = [
+    '--model=stylegan,bert_base',
+    '--precision=bf16',
+    '--batch_size=8',
+    '--check',
+    f'--output={check / "r.jsonl"}',
+  ]
+  lines['sweep'] = ['--model=bert_base', '--gpus=t4,v100_16', f'--store={check / "cells.jsonl"}']
+  lines['sweep'].append('--check')
+  lines['list'] = ['--list_models']
+  lines['describe'] = ['--model=bert_base,transformer_big', '--describe']
+  keys = list(lines)
+  return {k: (r, dirs.get(k)) for k, r in zip(keys, forked.run([lines[k] for k in keys]))}
+
+
+@pytest.mark.parametrize('args, says', BAD_INPUT)
+def test_bad_input_is_one_line_and_status_2(args, says, quick_runs):
+  r, where = quick_runs['bad', BAD_INPUT.index((args, says))]
   assert r.returncode == 2, (r.returncode, r.stderr)
   lines = r.stderr.strip().splitlines()
   assert len(lines) == 1 and 'Traceback' not in r.stderr, r.stderr
   assert says in lines[0], lines[0]
-  assert not out.exists()  # nothing half-written
+  assert not (where / 'r.jsonl').exists()  # nothing half-written
 
 
-def test_check_validates_a_run_and_a_sweep_and_builds_nothing(tmp_path):
-  out, store = tmp_path / 'r.jsonl', tmp_path / 'cells.jsonl'
-  r = jaxbench(
-    '--model=stylegan,bert_base', '--precision=bf16', '--batch_size=8', '--check', f'--output={out}'
-  )
+@pytest.mark.parametrize('args, message', PROGRESS_CONFLICTS)
+def test_progress_file_conflicts_are_one_line_and_status_2(quick_runs, args, message):
+  r, where = quick_runs['progress', PROGRESS_CONFLICTS.index((args, message))]
+  assert r.returncode == 2, r.stderr
+  lines = r.stderr.strip().splitlines()
+  assert len(lines) == 1 and message in lines[0], r.stderr
+  assert not (where / 'p.json').exists()
+
+
+def test_check_validates_a_run_and_a_sweep_and_builds_nothing(quick_runs):
+  r, where = quick_runs['check']
   assert r.returncode == 0, r.stderr
   assert r.stdout.strip() == 'jaxbench: ok: the flags are valid for stylegan, bert_base'
-  r = jaxbench('--model=bert_base', '--gpus=t4,v100_16', f'--store={store}', '--check')
+  r, _ = quick_runs['sweep']
   assert r.returncode == 0, r.stderr
   assert r.stdout.strip() == 'jaxbench: ok: the flags are valid for a sweep of 2 cells'
-  assert not out.exists() and not store.exists()
+  assert not (where / 'r.jsonl').exists() and not (where / 'cells.jsonl').exists()
 
 
-def test_list_models_names_every_workload():
-  r = jaxbench('--list_models')
+def test_list_models_names_every_workload(quick_runs):
+  r, _ = quick_runs['list']
   assert r.returncode == 0, r.stderr
   listed = [line.split()[0] for line in r.stdout.strip().splitlines()]
   assert listed == registry.names()
 
 
-def test_describe_gives_exact_parameter_counts():
-  r = jaxbench('--model=bert_base,transformer_big', '--describe')
+def test_describe_gives_exact_parameter_counts(quick_runs):
+  r, _ = quick_runs['describe']
   assert r.returncode == 0, r.stderr
   described = {d['name']: d for d in map(json.loads, r.stdout.strip().splitlines())}
   assert described['bert_base']['params'] == 110_106_428  # HF BertForPreTraining
@@ -134,20 +179,28 @@ def test_describe_gives_exact_parameter_counts():
   assert described['bert_base']['config']['seq_len'] == 128
 
 
+@pytest.fixture(scope='module')
+def fixed_batch_twice(tmp_path_factory):
+  """A fixed-batch run into an output that holds an earlier result, with a progress file and a
+  compilation cache, then the same run again: [(run, output, progress file)] (the tests below
+  share their compiles: some 8 s each on one core)."""
+  where, runs = tmp_path_factory.mktemp('fixed_batch'), []
+  for i in range(2):
+    out, progress = where / f'r{i}.jsonl', where / f'p{i}.json'
+    out.write_text('{"earlier": "result"}\n')
+    r = jaxbench(
+      *TINY_FIXED_BATCH,
+      f'--compilation_cache_dir={where / "cache"}',
+      f'--output={out}',
+      f'--progress_file={progress}',
+    )
+    runs.append((r, out, progress))
+  return runs
+
+
 @pytest.mark.slow
-def test_fixed_batch_run_appends_one_json_line_with_every_field(tmp_path):
-  out = tmp_path / 'r.jsonl'
-  out.write_text('{"earlier": "result"}\n')
-  r = jaxbench(
-    '--model=bert_base',
-    '--tiny',
-    '--batch_size=4',
-    '--steps=2',
-    '--windows=2',
-    '--warmup_steps=1',
-    '--precision=bf16',
-    f'--output={out}',
-  )
+def test_fixed_batch_run_appends_one_json_line_with_every_field(fixed_batch_twice):
+  r, out, _ = fixed_batch_twice[0]
   assert r.returncode == 0, r.stderr
   lines = out.read_text().splitlines()
   assert len(lines) == 2
@@ -170,6 +223,28 @@ def test_fixed_batch_run_appends_one_json_line_with_every_field(tmp_path):
   assert re.search(r'  bert_base: batch 4 sequences: compiled in \d+\.\d s, running\n', r.stderr)
   assert '  bert_base: timing at 4 sequences\n' in r.stderr
   assert 'compiling' not in r.stdout and 'workload' not in r.stderr
+
+
+def test_a_run_that_ends_removes_its_progress_file(fixed_batch_twice):
+  for r, out, progress in fixed_batch_twice:
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text().splitlines()[-1])['status'] == 'ok'
+    assert not progress.exists() and not list(progress.parent.glob(f'{progress.name}.tmp*'))
+
+
+def test_a_step_from_the_compilation_cache_is_marked_as_a_load(fixed_batch_twice):
+  """--compilation_cache_dir: the second process loads the step; its compile_s is no compile."""
+  trials, results = [], []
+  for r, out, _ in fixed_batch_twice:
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text().splitlines()[-1])
+    (trial,) = result['search']['trials']
+    trials.append(trial)
+    results.append(result)
+    assert result['measurement']['compile_cached'] is trial['cached']
+  assert [t['cached'] for t in trials] == [False, True]
+  assert [r['search'][k] for r in results for k in ('compiles', 'cache_loads')] == [1, 0, 0, 1]
+  assert trials[0]['predicted_peak_bytes'] == trials[1]['predicted_peak_bytes']
 
 
 @pytest.mark.slow
@@ -232,52 +307,6 @@ def test_a_killed_run_leaves_its_trials_in_the_progress_file(tmp_path):
   assert record['max_examples'] == max(
     (t['examples'] for t in record['search']['trials'] if t['outcome'] == 'fits'), default=0
   )
-
-
-def test_a_run_that_ends_removes_its_progress_file(tmp_path):
-  out, progress = tmp_path / 'r.jsonl', tmp_path / 'p.json'
-  r = jaxbench(*TINY_FIXED_BATCH, f'--output={out}', f'--progress_file={progress}')
-  assert r.returncode == 0, r.stderr
-  assert json.loads(out.read_text())['status'] == 'ok'
-  assert not progress.exists() and not list(tmp_path.glob('p.json.tmp*'))
-
-
-@pytest.mark.parametrize(
-  'args, message',
-  [
-    (['--model=bert_base', '--progress_file=/nonexistent/dir/p.json'], 'does not exist'),
-    (['--model=bert_base', '--describe', '--progress_file=PROGRESS'], 'takes no --progress_file'),
-    (
-      ['--model=bert_base', '--output=PROGRESS', '--progress_file=PROGRESS'],
-      'must be different files',
-    ),
-  ],
-)
-def test_progress_file_conflicts_are_one_line_and_status_2(tmp_path, args, message):
-  args = [a.replace('PROGRESS', str(tmp_path / 'p.json')) for a in args]
-  r = jaxbench(*args)
-  assert r.returncode == 2, r.stderr
-  lines = r.stderr.strip().splitlines()
-  assert len(lines) == 1 and message in lines[0], r.stderr
-  assert not (tmp_path / 'p.json').exists()
-
-
-def test_a_step_from_the_compilation_cache_is_marked_as_a_load(tmp_path):
-  """--compilation_cache_dir: the second process loads the step; its compile_s is no compile."""
-  cache = tmp_path / 'cache'
-  trials, results = [], []
-  for i in range(2):
-    out = tmp_path / f'r{i}.jsonl'
-    r = jaxbench(*TINY_FIXED_BATCH, f'--compilation_cache_dir={cache}', f'--output={out}')
-    assert r.returncode == 0, r.stderr
-    result = json.loads(out.read_text())
-    (trial,) = result['search']['trials']
-    trials.append(trial)
-    results.append(result)
-    assert result['measurement']['compile_cached'] is trial['cached']
-  assert [t['cached'] for t in trials] == [False, True]
-  assert [r['search'][k] for r in results for k in ('compiles', 'cache_loads')] == [1, 0, 0, 1]
-  assert trials[0]['predicted_peak_bytes'] == trials[1]['predicted_peak_bytes']
 
 
 def test_a_resumed_prediction_compiles_nothing_an_earlier_one_compiled(tmp_path):

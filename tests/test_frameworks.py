@@ -9,7 +9,7 @@ from jaxbench import cli
 from jaxbench.pytorch import frameworks, usage
 from jaxbench.results import commands, measured, records, side_by_side, store
 from models import registry
-from tests import test_measured
+from tests import forked, test_measured
 from tests import test_pytorch_harness as harness
 
 ROOT = harness.ROOT
@@ -214,53 +214,69 @@ def test_conflicting_comparison_flags_are_refused(changes, says):
     frameworks._plans(args(**changes))
 
 
-def test_refusals_are_one_line_and_status_2_also_under_check(tmp_path):
-  site = harness.site(tmp_path, *harness.TOY_SITE)
-  common = ['--model=bert_base', '--frameworks=jax,pytorch', '--check']
-  r = harness.jaxbench(site, *common, '--reference_batch', '--batch_size=8')
-  harness.one_line_error(r, '--reference_batch and --batch_size conflict')
-  r = harness.jaxbench(site, '--model=bert_base', '--precisions=bf16,tf32', '--check')
-  harness.one_line_error(r, '--precisions is for sweeps (--store) and --frameworks')
+REFUSED = [
+  (
+    [
+      '--model=bert_base',
+      '--frameworks=jax,pytorch',
+      '--check',
+      '--reference_batch',
+      '--batch_size=8',
+    ],
+    '--reference_batch and --batch_size conflict',
+  ),
+  (
+    ['--model=bert_base', '--precisions=bf16,tf32', '--check'],
+    '--precisions is for sweeps (--store) and --frameworks',
+  ),
+  (['--model=bert_base', '--frameworks=jax,jax'], '--frameworks'),
+  (['--model=bert_base', '--frameworks=jax,tensorflow'], '--frameworks'),
+  (['--model=bert_base', '--frameworks=jax,pytorch', '--framework=pytorch'], 'conflict'),
+  (['--model=bert_base', '--frameworks=jax', '--torch_compile'], '--torch_compile'),
+]
+ACCEPTED = [
+  (
+    ['--model=bert_base', '--torch_compile'],
+    'bert_base under jax, pytorch eager, pytorch compiled',
+  ),
+  (
+    [
+      '--model=bert_base,transformer_big',
+      '--precisions=tf32,bf16',
+      '--reference_batch',
+      '--torch_compile',
+    ],
+    'bert_base, transformer_big at their reference batches in tf32, bf16 under jax, pytorch '
+    'eager, pytorch compiled',
+  ),
+]
 
 
-@pytest.mark.parametrize(
-  'args, says',
-  [
-    (
-      ['--model=bert_base', '--torch_compile'],
-      'bert_base under jax, pytorch eager, pytorch compiled',
-    ),
-    (
-      [
-        '--model=bert_base,transformer_big',
-        '--precisions=tf32,bf16',
-        '--reference_batch',
-        '--torch_compile',
-      ],
-      'bert_base, transformer_big at their reference batches in tf32, bf16 under jax, pytorch '
-      'eager, pytorch compiled',
-    ),
-  ],
-)
-def test_check_says_the_precisions_batches_and_modes_it_accepts(tmp_path, args, says):
-  site = harness.site(tmp_path, *harness.TOY_SITE)
-  r = harness.jaxbench(site, *args, '--frameworks=jax,pytorch', '--check')
+@pytest.fixture(scope='module')
+def toy_runs(tmp_path_factory):
+  """REFUSED's command lines and ACCEPTED's with --frameworks=jax,pytorch --check, each with the
+  toy peer installed, in one batch (tests/forked.py): {command line: its run}."""
+  site = harness.site(tmp_path_factory.mktemp('site'), *harness.TOY_SITE)
+  lines = [args for args, _ in REFUSED]
+  lines += [[*args, '--frameworks=jax,pytorch', '--check'] for args, _ in ACCEPTED]
+  return dict(zip(map(tuple, lines), forked.run(lines, env=site)))
+
+
+@pytest.mark.parametrize('args, says', REFUSED[:2])
+def test_refusals_are_one_line_and_status_2_also_under_check(toy_runs, args, says):
+  harness.one_line_error(toy_runs[tuple(args)], says)
+
+
+@pytest.mark.parametrize('args, says', ACCEPTED)
+def test_check_says_the_precisions_batches_and_modes_it_accepts(toy_runs, args, says):
+  r = toy_runs[(*args, '--frameworks=jax,pytorch', '--check')]
   assert r.returncode == 0, r.stderr
   assert r.stdout.strip() == f'jaxbench: ok: the flags are valid for {says}'
 
 
-@pytest.mark.parametrize(
-  'args, says',
-  [
-    (['--frameworks=jax,jax'], '--frameworks'),
-    (['--frameworks=jax,tensorflow'], '--frameworks'),
-    (['--frameworks=jax,pytorch', '--framework=pytorch'], 'conflict'),
-    (['--frameworks=jax', '--torch_compile'], '--torch_compile'),
-  ],
-)
-def test_bad_framework_lists_are_one_line_and_status_2(tmp_path, args, says):
-  r = harness.jaxbench(harness.site(tmp_path, *harness.TOY_SITE), '--model=bert_base', *args)
-  harness.one_line_error(r, says)
+@pytest.mark.parametrize('args, says', REFUSED[2:])
+def test_bad_framework_lists_are_one_line_and_status_2(toy_runs, args, says):
+  harness.one_line_error(toy_runs[tuple(args)], says)
 
 
 @pytest.mark.slow

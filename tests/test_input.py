@@ -12,6 +12,7 @@ import pytest
 
 from jaxbench.core import backend, bench
 from models import registry
+from tests import forked
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # A run that ends in seconds on the CPU: tiny BERT, a fixed batch, one timed step.
@@ -68,28 +69,43 @@ BAD = [
 ]
 
 
+@pytest.fixture(scope='module')
+def bad_runs(tmp_path_factory):
+  """Each of BAD's command lines with --check and without (in one batch: tests/forked.py), and
+  the directory of the --output it names where it names none."""
+  dirs, runs = [], []
+  for args in BAD:
+    where = tmp_path_factory.mktemp('bad')
+    output = (
+      () if any(a.startswith('--output') for a in args) else (f'--output={where / "out.jsonl"}',)
+    )
+    dirs.append(where)
+    runs += [[*args, *FAST, *output, '--check'], [*args, *FAST, *output]]
+  done = forked.run(runs)
+  return [(done[2 * i], done[2 * i + 1], where) for i, where in enumerate(dirs)]
+
+
 @pytest.mark.parametrize('args', BAD)
-def test_check_and_run_refuse_bad_input_alike(args, tmp_path):
-  out = tmp_path / 'out.jsonl'
-  output = () if any(a.startswith('--output') for a in args) else (f'--output={out}',)
-  check = refused(command(*args, *FAST, *output, '--check'))
-  run = refused(command(*args, *FAST, *output))
-  assert check == run
-  assert not out.exists() and os.listdir(tmp_path) == []  # nothing written
+def test_check_and_run_refuse_bad_input_alike(args, bad_runs):
+  check, run, where = bad_runs[BAD.index(args)]
+  assert refused(check) == refused(run)
+  assert os.listdir(where) == []  # nothing written
 
 
 def test_the_preset_a_run_gets_without_tiny_is_the_one_check_checks(tmp_path):
   # Without a GPU a run gets the tiny preset unless --notiny: heads=3 divides BERT-base's 768
   # but not the tiny preset's width, so both refuse it.
   args = ('--model=bert_base', '--set=heads=3', '--batch_size=2', '--steps=1', '--windows=1')
-  check = refused(command(*args, '--check'), 'must divide hidden')
-  assert check == refused(command(*args))
+  check, run = forked.run([[*args, '--check'], list(args)])
+  assert refused(check, 'must divide hidden') == refused(run)
 
 
 def test_hints_that_hold_no_result_are_refused_alike(tmp_path):
   hints = _garbage_hints(tmp_path)
-  check = refused(command('--model=bert_base', *FAST, hints, '--check'), 'holds no result')
-  assert check == refused(command('--model=bert_base', *FAST, hints))
+  check, run = forked.run(
+    [['--model=bert_base', *FAST, hints, '--check'], ['--model=bert_base', *FAST, hints]]
+  )
+  assert refused(check, 'holds no result') == refused(run)
 
 
 def test_check_reports_the_lines_of_hints_that_are_not_results(tmp_path):
@@ -116,8 +132,10 @@ def test_report_out_naming_a_file_is_one_line(tmp_path):
   existing = tmp_path / 'report.md'
   existing.write_text('kept\n')
   store = os.path.join(ROOT, 'docs', 'results', 'h200.jsonl')
-  for out in (existing, existing / 'sub'):
-    p = command(f'--store={store}', f'--out={out}', module='jaxbench.report_main')
+  for p in forked.run(
+    [[f'--store={store}', f'--out={out}'] for out in (existing, existing / 'sub')],
+    module='jaxbench.report_main',
+  ):
     refused(p, '--out')
   assert existing.read_text() == 'kept\n'
 

@@ -463,11 +463,12 @@ def test_earlier_trials_that_disagree_are_refused():
 
 @pytest.fixture(scope='module')
 def plain_bert_search():
-  """(workload, memory, options, result) of one plain search of tiny bert_base under the CPU's
-  default budget: the same run starts each of the three tests below that compare another
-  search with it (some 30 s of CPU each time), so it runs once a test process."""
+  """(workload, memory, options, result) of one plain search of tiny bert_base under a 4 MB
+  budget (some 20 sequences; the CPU's default budget fits some 1,500, each fit's step seconds
+  long): the same run starts each of the three tests below that compare another search with it,
+  so it runs once a test process."""
   w = registry.get('bert_base')
-  memory = bench.backend.MemorySetup(None, None, None, False)
+  memory = bench.backend.MemorySetup(None, 4_000_000, None, False)
   opts = bench.Options(tiny=True, steps=1, windows=1, warmup_steps=0)
   return w, memory, opts, bench.run(w, opts, memory)
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from models import precision, registry
+from tests import tiny as shared
 
 LEARN_STEPS = 30
 
@@ -16,14 +17,11 @@ def _tiny_trainer(w, policy='fp32'):
 @pytest.mark.parametrize('name', registry.names())
 def test_loss_falls_on_a_fixed_batch(name):
   w = registry.get(name)
-  trainer = _tiny_trainer(w)
   rng = jax.random.key(0)
-  state = jax.jit(trainer.init)(rng)
-  batch = jax.jit(trainer.make_batch, static_argnums=1)(jax.random.key(1), 2)
-  step = jax.jit(trainer.step)
+  state, batch = shared.start(name)
   losses = []
   for _ in range(LEARN_STEPS):
-    state, metrics = step(state, batch, rng)
+    state, metrics = shared.tiny(name).step(state, batch, rng)
     losses.append(float(metrics['loss']))
   assert np.all(np.isfinite(losses)), losses
   if w.adversarial:

@@ -10,6 +10,7 @@ import pytest
 from models import precision
 from models import workload as wl
 from models.mt_dnn import mt_dnn
+from tests import tiny as shared
 
 
 def _reference_params(vocab=30522, h=1024, layers=24, ffn=4096, positions=512, types=2):
@@ -44,11 +45,9 @@ def _tiny():
 
 @pytest.mark.slow
 def test_one_cycle_updates_every_head_and_reports_every_task():
-  cfg, trainer = _tiny()
   rng = jax.random.key(0)
-  state = jax.jit(trainer.init)(rng)
-  batch = jax.jit(trainer.make_batch, static_argnums=1)(jax.random.key(1), 2)
-  new_state, metrics = jax.jit(trainer.step)(state, batch, rng)
+  state, batch = shared.start('mt_dnn')
+  new_state, metrics = shared.tiny('mt_dnn').step(state, batch, rng)
   assert int(new_state.step) == 1
   for task in mt_dnn.TASKS:
     old, new = state.params[f'heads_{task.name}'], new_state.params[f'heads_{task.name}']

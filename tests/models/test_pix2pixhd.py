@@ -13,6 +13,7 @@ from models import precision
 from models import workload as wl
 from models.pix2pixhd import nets as pix2pixhd_nets
 from models.pix2pixhd import pix2pixhd, vgg
+from tests import tiny as shared
 
 W = pix2pixhd.PIX2PIXHD
 TINY = W.resolve(tiny=True)
@@ -56,8 +57,7 @@ def _trainer(cfg=TINY, policy='fp32'):
 def tiny():
   """Tiny state, a fixed batch of 2, and the jitted gradient of the combined loss."""
   nets = pix2pixhd.build(TINY)
-  state = jax.jit(_trainer().init)(jax.random.key(0))
-  batch = jax.jit(_trainer().make_batch, static_argnums=1)(jax.random.key(1), 2)
+  state, batch = shared.start('pix2pixhd')
   grad_fn = jax.jit(
     jax.value_and_grad(functools.partial(pix2pixhd.losses, nets, TINY), has_aux=True)
   )
@@ -89,7 +89,7 @@ def test_param_counts_at_full_size():
 @pytest.mark.slow
 def test_one_step_updates_both_networks(tiny):
   state, batch, _ = tiny
-  new, metrics = jax.jit(_trainer().step)(state, batch, jax.random.key(0))
+  new, metrics = shared.tiny('pix2pixhd').step(state, batch, jax.random.key(0))
   for name in ('loss', 'g_loss', 'd_loss'):
     assert np.isfinite(float(metrics[name])), metrics
   np.testing.assert_allclose(metrics['loss'], metrics['g_loss'] + metrics['d_loss'], rtol=1e-6)

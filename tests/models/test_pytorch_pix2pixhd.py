@@ -15,6 +15,7 @@ from models.pix2pixhd import pix2pixhd as jax_pix2pixhd
 from models.pytorch import peer as peer_lib
 from models.pytorch import pix2pixhd
 from models.pytorch import registry as peer_registry
+from tests import tiny as shared
 
 NAME = 'pix2pixhd'
 CPU = torch.device('cpu')
@@ -195,8 +196,7 @@ def _torch_state_from_jax(params):
 
 
 def test_networks_compute_the_jax_networks_with_their_weights():
-  trainer = registry.get(NAME).trainer(CFG, precision.get('fp32'))
-  params = jax.jit(trainer.init)(jax.random.key(0)).params
+  params = shared.start(NAME)[0].params
   draw = np.random.default_rng(0).standard_normal
   params = jax.tree.map(lambda p: np.asarray(p) + 0.05 * draw(p.shape).astype(np.float32), params)
   setup = pix2pixhd.build(CFG, CPU)

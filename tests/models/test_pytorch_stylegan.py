@@ -18,6 +18,7 @@ from models.pytorch import stylegan
 from models.stylegan import layers as jax_layers
 from models.stylegan import train as jax_train
 from models.stylegan.nets import log2_res
+from tests import tiny as shared
 
 NAME = 'stylegan'
 CPU = torch.device('cpu')
@@ -269,8 +270,7 @@ def _torch_state_from_jax(params, cfg):
 
 
 def test_networks_compute_the_jax_networks_with_their_weights():
-  trainer = registry.get(NAME).trainer(CFG, precision.get('fp32'))
-  params = jax.jit(trainer.init)(jax.random.key(0)).params
+  params = shared.start(NAME)[0].params
   # Every parameter non-zero (biases and styles too), but the noise strengths: the two draw
   # their noise differently.
   draw = np.random.default_rng(0).standard_normal

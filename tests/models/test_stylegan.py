@@ -9,6 +9,7 @@ from models import precision
 from models import workload as wl
 from models.stylegan import layers as sl
 from models.stylegan import stylegan
+from tests import tiny as shared
 
 W = stylegan.STYLEGAN
 CFG = W.resolve(tiny=True)
@@ -17,11 +18,10 @@ CFG = W.resolve(tiny=True)
 @pytest.fixture(scope='module')
 def tiny():
   """The tiny trainer, a state, a fixed batch of 2 and one jitted step from that state."""
-  trainer = W.trainer(CFG, precision.get('fp32'))
-  state = jax.jit(trainer.init)(jax.random.key(0))
-  batch = jax.jit(trainer.make_batch, static_argnums=1)(jax.random.key(1), 2)
-  new_state, metrics = jax.jit(trainer.step)(state, batch, jax.random.key(2))
-  return trainer, state, batch, new_state, metrics
+  t = shared.tiny('stylegan')
+  state, batch = shared.start('stylegan')
+  new_state, metrics = t.step(state, batch, jax.random.key(2))
+  return t.trainer, state, batch, new_state, metrics
 
 
 def _max_abs_diff(a, b):
