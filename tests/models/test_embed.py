@@ -56,6 +56,17 @@ def test_bf16_gradient_scatters_into_float32_or_not_at_all():
   assert _scatters(ours, params, ids) == []  # a matrix product instead
 
 
+@pytest.mark.parametrize('rows', [2, embed.ONE_HOT_MAX + 1])
+def test_a_float32_lookup_is_flax_embeds_program(rows):
+  ours, flax, params, ids = _pair(rows, jnp.float32)
+
+  def program(module):
+    loss = lambda p: jnp.sum(module.apply(p, ids))
+    return jax.jit(jax.value_and_grad(loss)).lower(params).as_text(debug_info=False)
+
+  assert program(ours) == program(flax)
+
+
 def test_attend_is_flax_embed_attend():
   ours, flax, params, _ = _pair(embed.ONE_HOT_MAX + 1, jnp.bfloat16)
   query = jax.random.normal(jax.random.key(3), (3, 8))
