@@ -90,3 +90,43 @@ def test_a_sigint_during_an_import_is_raised_after_it(tmp_path):
     timeout=30,
   )
   assert done.stdout == 'interrupted after the import: True\n', done.stderr
+
+
+IN_A_PLUGIN_START = '''
+import os, signal, sys, time
+from jaxbench.core import interrupt
+interrupt.install()
+# The shape of JAX's xla_bridge.discover_pjrt_plugins: each plugin's initialize() under a bare
+# except, which would log a KeyboardInterrupt and go on.
+open('xla_bridge.py', 'w').write(
+  'import os, signal, time\\n'
+  'def discover_pjrt_plugins():\\n'
+  '  try:\\n'
+  '    os.kill(os.getpid(), signal.SIGINT)\\n'
+  '    t = time.monotonic()\\n'
+  '    while time.monotonic() - t < 0.5:\\n'
+  '      pass\\n'
+  '  except:\\n'
+  '    print("swallowed")\\n'
+  '  return True\\n')
+sys.path.insert(0, '.')
+import xla_bridge
+try:
+  done = xla_bridge.discover_pjrt_plugins()
+  time.sleep(5)
+  print('not interrupted')
+except KeyboardInterrupt:
+  print('interrupted after the plugins started:', done)
+'''
+
+
+def test_a_sigint_while_jax_starts_its_plugins_is_raised_after_it(tmp_path):
+  done = subprocess.run(
+    [sys.executable, '-c', IN_A_PLUGIN_START],
+    cwd=tmp_path,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=30,
+  )
+  assert done.stdout == 'interrupted after the plugins started: True\n', done.stderr

@@ -7,11 +7,14 @@ places in a run's first seconds cannot take it:
   ignored in: <function _xla_gc_callback>") and dropped: the run goes on as if never interrupted.
 - An import: a KeyboardInterrupt inside the initialization of a compiled module (numpy's, under
   JAX's import) can leave it half-made, and the process ends in an ImportError or a segfault.
+- JAX's start of its PJRT plugins (xla_bridge.discover_pjrt_plugins, where the CUDA plugin loads
+  its libraries) calls each plugin's initialize() under a bare `except:`, which logs a
+  KeyboardInterrupt as a plugin error and goes on.
 install() puts in a handler that raises KeyboardInterrupt as Python's own does, except in those
-two places: there it sends the SIGINT again a moment later, until the collection or the import
-is over, so that it is raised in the run's own code. A flag checked at chosen points would miss
-the long stretches (an import, a compile) that have none; blocking SIGINT until JAX is imported
-would miss the collections of every compile after it.
+places: there it sends the SIGINT again a moment later, until the collection, the import or the
+plugins' start is over, so that it is raised in the run's own code. A flag checked at chosen
+points would miss the long stretches (an import, a compile) that have none; blocking SIGINT until
+JAX is imported would miss the collections of every compile after it.
 """
 
 import gc
@@ -22,15 +25,20 @@ import threading
 
 _RETRY_S = 0.05  # when a SIGINT that arrived in a gc callback or an import is sent again
 _IMPORT = '<frozen importlib'  # the frames of the import machinery
+# Functions that catch every exception, KeyboardInterrupt included: (name, file name).
+_SWALLOWING = {('discover_pjrt_plugins', 'xla_bridge.py')}
 
 
 def _unsafe_here(frame) -> bool:
-  """Whether a KeyboardInterrupt raised in `frame` would be dropped (a gc callback or a __del__
-  runs in it or below it) or could break an import (one is in progress)."""
+  """Whether a KeyboardInterrupt raised in `frame` would be dropped (a gc callback, a __del__ or
+  a function in _SWALLOWING runs in it or below it) or could break an import (one is in
+  progress)."""
   callbacks = {getattr(cb, '__code__', None) for cb in gc.callbacks}
   while frame is not None:
     code = frame.f_code
     if code in callbacks or code.co_name == '__del__' or code.co_filename.startswith(_IMPORT):
+      return True
+    if (code.co_name, os.path.basename(code.co_filename)) in _SWALLOWING:
       return True
     frame = frame.f_back
   return False
