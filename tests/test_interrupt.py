@@ -80,15 +80,15 @@ except KeyboardInterrupt:
 '''
 
 
-def test_a_sigint_during_an_import_is_raised_after_it(tmp_path):
-  done = subprocess.run(
-    [sys.executable, '-c', IN_AN_IMPORT],
-    cwd=tmp_path,
-    env=ENV,
-    capture_output=True,
-    text=True,
-    timeout=30,
+def _script(code: str, where) -> subprocess.CompletedProcess:
+  """`code` run by a fresh Python in the directory `where`."""
+  return subprocess.run(
+    [sys.executable, '-c', code], cwd=where, env=ENV, capture_output=True, text=True, timeout=30
   )
+
+
+def test_a_sigint_during_an_import_is_raised_after_it(tmp_path):
+  done = _script(IN_AN_IMPORT, tmp_path)
   assert done.stdout == 'interrupted after the import: True\n', done.stderr
 
 
@@ -121,12 +121,5 @@ except KeyboardInterrupt:
 
 
 def test_a_sigint_while_jax_starts_its_plugins_is_raised_after_it(tmp_path):
-  done = subprocess.run(
-    [sys.executable, '-c', IN_A_PLUGIN_START],
-    cwd=tmp_path,
-    env=ENV,
-    capture_output=True,
-    text=True,
-    timeout=30,
-  )
+  done = _script(IN_A_PLUGIN_START, tmp_path)
   assert done.stdout == 'interrupted after the plugins started: True\n', done.stderr
