@@ -70,7 +70,8 @@ def memory_of(r: dict[str, Any]) -> str:
   return FULL if not limit else f'{limit / 1e9:g} GB'
 
 
-def _fixed(r: dict[str, Any]) -> bool:
+def is_fixed(r: dict[str, Any]) -> bool:
+  """Whether the run timed a --batch_size it was given, not a searched max batch."""
   return (r.get('search') or {}).get('mode') == 'fixed'
 
 
@@ -85,8 +86,8 @@ def _key(r: dict[str, Any]) -> tuple:
     json.dumps(r.get('config'), sort_keys=True, default=str),
     records.autotune_level(r),
     memory_of(r),
-    r['max_batch'] if _fixed(r) else None,
-    _devices(r),
+    r['max_batch'] if is_fixed(r) else None,
+    devices_of(r),
   )
 
 
@@ -102,7 +103,7 @@ def order(r: dict[str, Any]) -> tuple:
     PRECISIONS.index(p) if p in PRECISIONS else len(PRECISIONS),
     p,
     (2, cards.index(gpu) if gpu in cards else len(cards)) if gpu else (bool(limit), -limit),
-    _fixed(r),
+    is_fixed(r),
     -r['max_batch'],
     r.get('timestamp', ''),
   )
@@ -124,16 +125,17 @@ def figure(value: float) -> str:
   return f'{value:,.1f}' if value >= 10 else f'{value:.2f}'
 
 
-def _devices(r: dict[str, Any]) -> int:
+def devices_of(r: dict[str, Any]) -> int:
+  """The devices the run trained on (all hosts'), 1 without --devices."""
   return (r.get('parallel') or {}).get('global_devices', 1)
 
 
 def _batch(r: dict[str, Any]) -> str:
   unit = r['unit'][:-1] if r['max_batch'] == 1 and r['unit'].endswith('s') else r['unit']
   n = f'{r["max_batch"]:,} {unit}'
-  if _devices(r) > 1:
-    n += f' per device × {_devices(r)} devices'
-  if _fixed(r):
+  if devices_of(r) > 1:
+    n += f' per device × {devices_of(r)} devices'
+  if is_fixed(r):
     return f'fixed {n}'
   if store.lower_bound(r):
     return f'≥{n}'
@@ -174,7 +176,7 @@ def _rank(r: dict[str, Any]) -> tuple:
   speaks only where no search ran), then today's program, its default configuration (a command
   without --set), XLA's own autotuning, and the latest."""
   return (
-    not _fixed(r),
+    not is_fixed(r),
     commands.earlier_form(r) is None,
     '--set=' not in commands.command_of(r),
     records.autotune_level(r) is None,
@@ -188,7 +190,7 @@ def split(results: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
   rows = latest(results)
   best: dict[tuple, dict[str, Any]] = {}
   for r in rows:
-    key = (r['workload'], r['precision'], bool(r.get('tiny')), memory_of(r), _devices(r))
+    key = (r['workload'], r['precision'], bool(r.get('tiny')), memory_of(r), devices_of(r))
     if key not in best or _rank(r) > _rank(best[key]):
       best[key] = r
   chosen = {id(r) for r in best.values()}
@@ -198,14 +200,14 @@ def split(results: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
 def table(results: Iterable[dict[str, Any]]) -> tables.Table:
   """The max batch and throughput of each workload, precision and memory, with its command."""
   chosen = split(results)[0]
-  notes = NOTES + [PARALLEL_NOTE] * any(_devices(r) > 1 for r in chosen)
+  notes = NOTES + [PARALLEL_NOTE] * any(devices_of(r) > 1 for r in chosen)
   return tables.Table(TITLE, list(HEADER), [row(r) for r in chosen], notes, code=('command',))
 
 
 def others(results: Iterable[dict[str, Any]]) -> tables.Table:
   """Every other measured run, the latest of each program, memory and batch, with its command."""
   chosen = split(results)[1]
-  notes = [PARALLEL_NOTE] * any(_devices(r) > 1 for r in chosen)
+  notes = [PARALLEL_NOTE] * any(devices_of(r) > 1 for r in chosen)
   return tables.Table(OTHER_TITLE, list(HEADER), [row(r) for r in chosen], notes, code=('command',))
 
 

@@ -41,10 +41,6 @@ NOTES = [
 EMPTY = 'No workload in these results has both a measured JAX and a measured PyTorch run.'
 
 
-def _fixed(r: dict[str, Any]) -> bool:
-  return (r.get('search') or {}).get('mode') == 'fixed'
-
-
 def side(r: dict[str, Any]) -> str:
   """'jax', or the PyTorch mode: 'eager' or 'compiled' (--torch_compile)."""
   if records.framework(r) == 'jax':
@@ -61,8 +57,8 @@ def key(r: dict[str, Any]) -> tuple:
     r['precision'],
     bool(r.get('tiny')),
     measured.memory_of(r),
-    (r.get('parallel') or {}).get('global_devices', 1),
-    r['max_batch'] if _fixed(r) else None,
+    measured.devices_of(r),
+    r['max_batch'] if measured.is_fixed(r) else None,
   )
 
 
@@ -88,7 +84,7 @@ def _count(r: dict[str, Any]) -> str:
 def batch(by: dict[str, dict[str, Any]]) -> str:
   """The fixed batch, or each side's max batch and JAX's over the larger PyTorch one."""
   j = by['jax']
-  if _fixed(j):
+  if measured.is_fixed(j):
     return f'{j["max_batch"]:,} {_unit(j)}'
   torch = [by[m] for m in SIDES[1:] if m in by]
   if len({t['max_batch'] for t in torch}) == 1:
