@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.layers import gather
+
 TO_REMOVE = 1.0
 BBOX_XFORM_CLIP = math.log(1000.0 / 16)  # maskrcnn-benchmark's clamp of dw, dh before exp
 
@@ -190,7 +192,8 @@ def multilevel_roi_align(features, boxes_Rx4, levels_R, strides, output_size, sa
 
   features: per-level [H_l, W_l, C] maps of one image. All levels are flattened into one
   [sum H_l W_l, C] table so every box gathers its taps from its own level by index
-  arithmetic: one gather for all boxes and levels, no per-box or per-level loop.
+  arithmetic: one gather for all boxes and levels, no per-box or per-level loop. Many boxes
+  share taps, so the gather's gradient sums in float32 (`gather.take_rows`) under bf16 too.
   Returns [R, output_size, output_size, C].
   """
   heights = jnp.asarray([f.shape[0] for f in features], jnp.int32)
@@ -214,7 +217,7 @@ def multilevel_roi_align(features, boxes_Rx4, levels_R, strides, output_size, sa
     for xi, wx in ((x_lo, wx_lo), (x_hi, wx_hi)):
       index = offset[:, None, None] + yi[:, :, None] * w[:, None, None] + xi[:, None, :]
       weight = (wy[:, :, None] * wx[:, None, :]).astype(table.dtype)
-      out = out + table[index] * weight[..., None]
+      out = out + gather.take_rows(table, index) * weight[..., None]
   r, s, c = boxes_Rx4.shape[0], sampling_ratio, table.shape[-1]
   out = out.reshape(r, output_size, s, output_size, s, c)
   return out.mean(axis=(2, 4))
