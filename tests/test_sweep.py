@@ -1,7 +1,7 @@
 """Sweeps: cells, failures recorded, progress, and resume after a kill with nothing lost or doubled.
 
 The cells run tests/fake_cell.py instead of jaxbench.main (a real cell compiles for minutes on
-two CPU cores); the command line is sweep.command's, so its flags are what a real cell gets.
+two CPU cores); the command line is grid.command's, so its flags are what a real cell gets.
 """
 
 import collections
@@ -19,7 +19,7 @@ from absl import flags
 
 from jaxbench import cli
 from jaxbench import main as jaxbench_main
-from jaxbench.cards import sweep
+from jaxbench.cards import grid, sweep
 from jaxbench.results import store
 from models import registry
 
@@ -31,7 +31,7 @@ WORKLOADS = [('bert_base', 'fp32'), ('transformer_big', 'fp16'), ('mt_dnn', 'fp3
 
 def fake_command(store_path):
   def make(group):
-    cmd = sweep.command(group, store_path, ['--steps=2'])
+    cmd = grid.command(group, store_path, ['--steps=2'])
     assert cmd[1:3] == ['-m', 'jaxbench.main']
     # The workload's revision, which jaxbench records and the fake cannot import in time.
     revision = registry.get(group[0].workload).revision
@@ -41,7 +41,7 @@ def fake_command(store_path):
 
 
 def _cells(mode='run', gpus=('rtx_2060', 't4')):
-  return sweep.plan(WORKLOADS, list(gpus), None, True, (('seq_len', '64'),), mode)
+  return grid.plan(WORKLOADS, list(gpus), None, True, (('seq_len', '64'),), mode)
 
 
 def _run(path, cells, timeout_s=60, **kw):
@@ -53,7 +53,7 @@ def _run(path, cells, timeout_s=60, **kw):
 
 
 def test_plan_and_command():
-  cells = sweep.plan(WORKLOADS, ['t4'], ['fp32', 'bf16'], False, (), 'run')
+  cells = grid.plan(WORKLOADS, ['t4'], ['fp32', 'bf16'], False, (), 'run')
   assert [(c.workload, c.precision) for c in cells] == [
     ('bert_base', 'fp32'),
     ('bert_base', 'bf16'),
@@ -63,7 +63,7 @@ def test_plan_and_command():
     ('mt_dnn', 'bf16'),
   ]
   assert [c.precision for c in _cells()] == ['fp32', 'fp32', 'fp16', 'fp16', 'fp32', 'fp32']
-  cmd = sweep.command([cells[0]], '/s.jsonl', ['--steps=2'])
+  cmd = grid.command([cells[0]], '/s.jsonl', ['--steps=2'])
   assert cmd[1:] == [
     '-m',
     'jaxbench.main',
@@ -76,23 +76,23 @@ def test_plan_and_command():
     '--steps=2',
   ]
   predict = _cells('predict')
-  assert [len(g) for g in sweep.groups(predict)] == [2, 2, 2]  # one process per workload
-  predict_cmd = sweep.command(sweep.groups(predict)[0], '/s', [])
+  assert [len(g) for g in grid.groups(predict)] == [2, 2, 2]  # one process per workload
+  predict_cmd = grid.command(grid.groups(predict)[0], '/s', [])
   assert '--gpus=rtx_2060,t4' in predict_cmd
   assert not any(a.startswith('--progress_file') for a in predict_cmd)  # --predict takes none
 
 
 def test_a_resumed_sweep_resumes_runs_from_the_store_once_there_is_one(tmp_path):
-  (cell,) = sweep.plan(WORKLOADS[:1], ['t4'], ['fp32'], False, (), 'run')
+  (cell,) = grid.plan(WORKLOADS[:1], ['t4'], ['fp32'], False, (), 'run')
   store_path = str(tmp_path / 's.jsonl')
-  assert '--search_resume' not in sweep.command([cell], store_path, ['--search_resume'])
+  assert '--search_resume' not in grid.command([cell], store_path, ['--search_resume'])
   open(store_path, 'w').close()
-  cmd = sweep.command([cell], store_path, ['--search_resume'])
+  cmd = grid.command([cell], store_path, ['--search_resume'])
   assert '--search_resume' in cmd and f'--search_hints={store_path}' in cmd
-  predict = sweep.groups(_cells('predict'))[0]
-  assert '--search_resume' not in sweep.command(predict, store_path, ['--search_resume'])
-  assert '--norun_every_fit' in sweep.command([cell], store_path, ['--norun_every_fit'])
-  assert '--norun_every_fit' not in sweep.command(predict, store_path, ['--norun_every_fit'])
+  predict = grid.groups(_cells('predict'))[0]
+  assert '--search_resume' not in grid.command(predict, store_path, ['--search_resume'])
+  assert '--norun_every_fit' in grid.command([cell], store_path, ['--norun_every_fit'])
+  assert '--norun_every_fit' not in grid.command(predict, store_path, ['--norun_every_fit'])
 
 
 def test_each_cell_gets_the_sweeps_own_values():
@@ -113,7 +113,7 @@ def test_each_cell_gets_the_sweeps_own_values():
     run_every_fit=False,
   )
   try:
-    flags.FLAGS(['jaxbench', *sweep.passthrough(given)])
+    flags.FLAGS(['jaxbench', *grid.passthrough(given)])
     cell = jaxbench_main.read_args()
   finally:
     flags.FLAGS.unparse_flags()
@@ -123,7 +123,7 @@ def test_each_cell_gets_the_sweeps_own_values():
     if getattr(given, f.name) != getattr(cli.Args(), f.name)
   }
   assert {n: getattr(cell, n) for n in passed} == {n: getattr(given, n) for n in passed}
-  assert sweep.passthrough(cli.Args(probe_autotune_level=0))[-1] == '--probe_autotune_level=0'
+  assert grid.passthrough(cli.Args(probe_autotune_level=0))[-1] == '--probe_autotune_level=0'
 
 
 def test_the_sweeps_progress_goes_to_stderr(tmp_path, capsys):
@@ -209,7 +209,7 @@ def test_a_crash_and_a_timeout_are_recorded_and_the_sweep_goes_on(tmp_path, monk
   assert 'while searching: compiling batch 16 sequences' in hung['error']
   assert hung['search']['trials'][0]['examples'] == 8 and hung['status'] == 'failed'
   assert 'search' not in crash  # the crash left no progress: a plain failure
-  assert not os.path.exists(sweep.progress_path(path))
+  assert not os.path.exists(grid.progress_path(path))
   assert crash['emulation']['cap_bytes'] == 6 * 2**30 - 768 * 2**20
   monkeypatch.delenv('FAKE_CRASH')
   assert _run(path, _cells())[1][0].endswith('0 to run')  # failures count as done ...
@@ -381,7 +381,7 @@ def _wait_for(predicate, timeout_s=60):
 def test_a_sigint_to_a_sweep_stops_it_and_its_cells_search_aims_the_retry(tmp_path):
   path = str(tmp_path / 's.jsonl')
   proc = _sweep_process(path, FAKE_HANG='transformer_big')  # the second cell hangs
-  _wait_for(lambda: os.path.exists(sweep.progress_path(path)))
+  _wait_for(lambda: os.path.exists(grid.progress_path(path)))
   proc.send_signal(signal.SIGINT)  # a Ctrl-C at the terminal reaches the sweep only
   _, err = proc.communicate(timeout=60)
   assert proc.returncode == 130
@@ -396,7 +396,7 @@ def test_a_sigint_to_a_sweep_stops_it_and_its_cells_search_aims_the_retry(tmp_pa
   assert (
     cut['status'] == 'interrupted' and cut['search']['trials'][0]['predicted_peak_bytes'] == 1000
   )
-  assert not os.path.exists(sweep.progress_path(path))
+  assert not os.path.exists(grid.progress_path(path))
   failed, lines = _run(path, cells)
   assert failed == 0 and lines[0].endswith('1 already in ' + path + ', 2 to run')
   assert store.latest(store.read(path)[0])[cells[1].key]['hint_peaks'] == {'8': 1000}
@@ -406,7 +406,7 @@ def test_a_sweep_killed_mid_cell_keeps_the_cells_search_for_the_retry(tmp_path):
   """SIGKILL gives the sweep no moment to act: the next run finds the cell's progress file."""
   path = str(tmp_path / 's.jsonl')
   proc = _sweep_process(path, FAKE_HANG='transformer_big')
-  _wait_for(lambda: os.path.exists(sweep.progress_path(path)))
+  _wait_for(lambda: os.path.exists(grid.progress_path(path)))
   proc.kill()
   proc.wait()
   cells = _cells(gpus=('t4',))

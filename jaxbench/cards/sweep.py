@@ -13,152 +13,18 @@ lines go to stderr: its results are the store.
 """
 
 import collections
-import ctypes
 import dataclasses
-import datetime
 import functools
 import os
-import signal
-import subprocess
 import sys
 import time
 from typing import Any, Callable
 
 from jaxbench import cli
-from jaxbench.cards import catalog
+from jaxbench.cards import catalog, grid, supervisor
 from jaxbench.results import records as report
 from jaxbench.results import store
 from models import registry
-
-
-@dataclasses.dataclass(frozen=True)
-class Cell:
-  mode: str  # 'run' (emulated run) or 'predict'
-  workload: str
-  gpu: str  # catalog name
-  precision: str
-  tiny: bool
-  overrides: tuple[tuple[str, str], ...] = ()
-
-  @property
-  def key(self) -> store.Key:
-    return store.key(self.mode, self.workload, self.gpu, self.precision, self.tiny, self.overrides)
-
-  def label(self) -> str:
-    extra = ''.join(
-      [
-        ' tiny' if self.tiny else '',
-        ' predict' if self.mode == 'predict' else '',
-        ''.join(f' {k}={v}' for k, v in self.overrides),
-      ]
-    )
-    return f'{self.workload} {self.precision} on {self.gpu}{extra}'
-
-
-def plan(
-  workloads: list[tuple[str, str]],
-  gpus: list[str],
-  precisions: list[str] | None,
-  tiny: bool,
-  overrides: tuple[tuple[str, str], ...],
-  mode: str,
-) -> list[Cell]:
-  """Cells in order: workload, then precision, then GPU. workloads: (name, default precision)."""
-  return [
-    Cell(mode, name, gpu, p, tiny, tuple(sorted(overrides)))
-    for name, default in workloads
-    for p in (precisions or [default])
-    for gpu in gpus
-  ]
-
-
-def groups(cells: list[Cell]) -> list[list[Cell]]:
-  """What one process runs: one cell, or a --predict workload-precision's cards together."""
-  out: dict[tuple, list[Cell]] = {}
-  for c in cells:
-    k = (c.workload, c.precision, c.tiny, c.overrides) if c.mode == 'predict' else c.key
-    out.setdefault(k, []).append(c)
-  return list(out.values())
-
-
-def command(
-  group: list[Cell], store_path: str, passthrough: list[str], hint_files: tuple[str, ...] = ()
-) -> list[str]:
-  """The jaxbench.main command line that runs one group and appends to the store.
-
-  The store itself aims each cell's search (--search_hints): the cells already done for the
-  same workload and precision on other cards forecast where this card's boundary lies.
-  """
-  c = group[0]
-  hint = [*hint_files, *([store_path] if os.path.isfile(store_path) else [])]
-  cards = (
-    ['--predict', f'--gpus={",".join(x.gpu for x in group)}']
-    if c.mode == 'predict'
-    else [f'--gpu={c.gpu}']
-  )
-  return [
-    sys.executable,
-    '-m',
-    'jaxbench.main',
-    f'--model={c.workload}',
-    f'--precision={c.precision}',
-    '--tiny' if c.tiny else '--notiny',
-    *[f'--set={k}={v}' for k, v in c.overrides],
-    *cards,
-    f'--output={store_path}',
-    *([] if c.mode == 'predict' else [f'--progress_file={progress_path(store_path)}']),
-    *[a for a in passthrough if _applies(a, c, bool(hint))],
-    *([f'--search_hints={",".join(hint)}'] if hint else []),
-  ]
-
-
-def _applies(arg: str, cell: Cell, hinted: bool) -> bool:
-  """Whether a passed-through flag applies to this cell's process: a resumed search goes on from
-  the store's trials (nothing to resume from before there is a store), and --predict compiles
-  only (nothing to resume or run)."""
-  if arg == '--search_resume':
-    return hinted and cell.mode != 'predict'
-  if arg == '--norun_every_fit':
-    return cell.mode != 'predict'
-  return True
-
-
-def progress_path(store_path: str) -> str:
-  """Where a running cell keeps its result so far (jaxbench --progress_file)."""
-  return store_path + '.progress'
-
-
-def failure(cell: Cell, error: str, seconds: float, log_tail: str) -> dict[str, Any]:
-  """The record of a cell that ended without a result of its own."""
-  gpu = catalog.get(cell.gpu)
-  return {
-    'schema': 'jaxbench.result/1',
-    'mode': cell.mode,
-    'workload': cell.workload,
-    'precision': cell.precision,
-    'tiny': cell.tiny,
-    'overrides': [list(kv) for kv in cell.overrides],
-    'emulation': {**gpu.emulation(), 'how': 'sweep cell without a result'},
-    'timestamp': datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-    'status': 'failed',
-    'error': error,
-    'seconds': round(seconds, 1),
-    'log_tail': log_tail,
-  }
-
-
-def _die_with_parent(parent: int) -> None:
-  """In the child, before exec: be killed when the sweep dies, so no cell outlives it.
-
-  A sweep killed between the fork and this call leaves no one to signal the child: the child
-  finds itself re-parented already and ends at once.
-  """
-  try:
-    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-  except (OSError, AttributeError):
-    pass
-  if os.getppid() != parent:
-    os._exit(1)  # pylint: disable=protected-access
 
 
 def _progress(*args: Any, **kwargs: Any) -> None:
@@ -196,53 +62,48 @@ def _outdated(record: dict[str, Any]) -> bool:
   return store.revision(record) != registry.get(record['workload']).revision
 
 
-# How long a cell has, after the sweep passes it a Ctrl-C, to write its interrupted result (a
-# run answers within a second: its XLA calls run in a thread, program._interruptible).
-INTERRUPT_GRACE_S = 20.0
+@dataclasses.dataclass
+class _Tally:
+  """The sweep's count of cells, and its progress lines."""
 
+  out: Callable[..., None]
+  cells: int  # in the sweep
+  already: int  # done before this run
+  to_run: int
+  start: float  # time.monotonic() when the cells began to run
+  finished: int = 0  # of to_run, run or recorded meanwhile
+  failed: int = 0  # failed or interrupted this run
 
-def salvage(store_path: str, done: dict[store.Key, dict[str, Any]]) -> dict[str, Any] | None:
-  """The result so far that a cell left in its progress file (a sweep killed while it ran),
-  appended to the store as status 'interrupted' where its cell is not done, so that its search
-  trials aim the cell's rerun (the store is every cell's --search_hints); the record appended,
-  if any. The progress file is removed: a cell's progress is its own."""
-  so_far = report.read_json(progress_path(store_path))
-  report.discard(progress_path(store_path))
-  if so_far is None or store.problem({**so_far, 'status': 'interrupted'}):
-    return None
-  last = done.get(store.key_of(so_far))
-  if last is not None and store.done(last):
-    return None  # the cell wrote its result before the sweep was killed
-  record = {**so_far, 'status': 'interrupted'}
-  record['error'] = f'the sweep stopped while this cell ran; {so_far.get("error") or ""}'.rstrip()
-  report.append_jsonl(store_path, record)
-  return record
+  def recorded_meanwhile(self, cell: grid.Cell, record: dict[str, Any]) -> None:
+    self.finished += 1
+    self.out(
+      f'[{self.already + self.finished}/{self.cells}] {cell.label()}: {outcome(record)} '
+      '(recorded meanwhile)'
+    )
 
+  def starting(self, label: str) -> None:
+    self.out(f'[{self.already + self.finished + 1}/{self.cells}] {label}: ', end='')
 
-def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str | None, bool]:
-  """The cell's exit status, why it ended without one of its own (None), and whether the sweep
-  was interrupted (Ctrl-C, SIGINT) meanwhile: then the cell gets the SIGINT too (started with
-  setsid, it is out of the terminal's reach), to write its result so far, and is killed
-  if it has not ended after INTERRUPT_GRACE_S or at a second Ctrl-C."""
-  try:
-    return proc.wait(timeout=timeout_s), None, False
-  except subprocess.TimeoutExpired:
-    os.killpg(proc.pid, signal.SIGKILL)
-    return proc.wait(), f'timed out after {timeout_s:g} s', False
-  except KeyboardInterrupt:
-    pass
-  try:
-    os.killpg(proc.pid, signal.SIGINT)
-    return proc.wait(timeout=INTERRUPT_GRACE_S), 'interrupted (Ctrl-C)', True
-  except (subprocess.TimeoutExpired, KeyboardInterrupt):
-    os.killpg(proc.pid, signal.SIGKILL)
-    return proc.wait(), 'interrupted (Ctrl-C), then killed', True
+  def ended(
+    self, cell: grid.Cell, first: bool, record: dict[str, Any] | None, seconds: float
+  ) -> None:
+    """The line of a cell that ran for `seconds`; the first of its process's cells ends the line
+    that starting() began."""
+    self.finished += 1
+    elapsed = time.monotonic() - self.start
+    left = elapsed / self.finished * (self.to_run - self.finished)
+    head = '' if first else f'[{self.already + self.finished}/{self.cells}] {cell.label()}: '
+    self.out(
+      f'{head}{outcome(record)} ({_hms(seconds)}) | '
+      f'{self.finished}/{self.to_run} run, {_hms(elapsed / self.finished)} a cell on average, '
+      f'elapsed {_hms(elapsed)}, ~{_hms(left)} left'
+    )
 
 
 def run(
-  cells: list[Cell],
+  cells: list[grid.Cell],
   store_path: str,
-  make_command: Callable[[list[Cell]], list[str]],
+  make_command: Callable[[list[grid.Cell]], list[str]],
   timeout_s: float,
   retry_failed: bool = False,
   env: dict[str, str] | None = None,
@@ -260,15 +121,7 @@ def run(
   """
   out = out or _progress
   env = {**(os.environ if env is None else env), store.SWEEP_ENV: os.path.realpath(store_path)}
-  records, warning = store.read(store_path)
-  if warning:
-    out(warning)
-  store.end_line(store_path)  # a cut-short last line must not swallow the next result
-  done = store.latest(records)
-  if salvage(store_path, done):
-    records = store.read(store_path)[0]
-    done = store.latest(records)
-  planned = collections.Counter(store.key_of(r) for r in records)
+  done, planned = _read(store_path, out)
   to_run = [
     c
     for c in cells
@@ -277,113 +130,92 @@ def run(
   already = len(cells) - len(to_run)
   out(f'sweep: {len(cells)} cells, {already} already in {store_path}, {len(to_run)} to run')
   log_path = store_path + '.log'
-  start, finished, failed = time.monotonic(), 0, 0
-  for group in groups(to_run):
-    records = store.read(store_path)[0]
-    before = collections.Counter(store.key_of(r) for r in records)
-    latest = store.latest(records)
-    for cell in [c for c in group if before[c.key] > planned[c.key]]:
-      r = latest[cell.key]
-      if store.done(r, retry_failed) and not _outdated(r):  # recorded by another writer
-        group.remove(cell)
-        finished += 1
-        out(
-          f'[{already + finished}/{len(cells)}] {cell.label()}: {outcome(r)} (recorded meanwhile)'
-        )
+  tally = _Tally(out, len(cells), already, len(to_run), time.monotonic())
+  for group in grid.groups(to_run):
+    before = _drop_recorded(group, store_path, planned, retry_failed, tally)
     if not group:
       continue
-    t0 = time.monotonic()
-    label = (
-      group[0].label()
-      if len(group) == 1
-      else (f'{group[0].label().rsplit(" on ", 1)[0]} on {",".join(c.gpu for c in group)}')
-    )
-    out(f'[{already + finished + 1}/{len(cells)}] {label}: ', end='')
-    report.discard(progress_path(store_path))  # a cell's progress is its own
-    with open(log_path, 'ab') as log:
-      log.write(f'\n=== {datetime.datetime.now().isoformat(timespec="seconds")} {label}\n'.encode())
-      log.flush()
-      offset = log.tell()
-      proc = subprocess.Popen(
-        make_command(group),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-        preexec_fn=functools.partial(_die_with_parent, os.getpid()),
-      )
-      rc, error, interrupted = _wait(proc, timeout_s * len(group))
-    seconds = time.monotonic() - t0
-    if error is None:
-      error = (f'killed by signal {-rc}' if rc < 0 else f'exit status {rc}') + ' without a result'
-    records = store.read(store_path)[0]
-    after = collections.Counter(store.key_of(r) for r in records)
-    latest = store.latest(records)
-    # The result so far that a cell left behind when it ended without its own, if any.
-    so_far = report.read_json(progress_path(store_path)) if len(group) == 1 else None
-    report.discard(progress_path(store_path))
-    for i, cell in enumerate(group):
-      if after[cell.key] <= before[cell.key]:
-        record = failure(cell, error, seconds / len(group), _tail(log_path, offset))
-        if interrupted:
-          record['status'] = 'interrupted'
-        if so_far is not None and not store.problem({**so_far, **record}):
-          # What the cell had found (its search trials, the largest batch that ran), kept:
-          # they aim the cell's search when it is retried (--search_hints reads the store).
-          record = {**so_far, **record, 'error': f'{error}; {so_far.get("error") or ""}'}
-        report.append_jsonl(store_path, record)
-        latest[cell.key] = record
-      if after[cell.key] <= before[cell.key] or not store.done(latest[cell.key]):
-        failed += 1  # no result of its own; or interrupted, or a status not known: not done
-      finished += 1
-      elapsed = time.monotonic() - start
-      left = elapsed / finished * (len(to_run) - finished)
-      head = '' if i == 0 else f'[{already + finished}/{len(cells)}] {cell.label()}: '
-      out(
-        f'{head}{outcome(latest.get(cell.key))} ({_hms(seconds / len(group))}) | '
-        f'{finished}/{len(to_run)} run, {_hms(elapsed / finished)} a cell on average, '
-        f'elapsed {_hms(elapsed)}, ~{_hms(left)} left'
-      )
-    if interrupted:
-      out(f'sweep: interrupted, {failed} failed or interrupted this run (log: {log_path})')
+    if _run_group(group, before, store_path, log_path, make_command, timeout_s, env, tally):
+      out(f'sweep: interrupted, {tally.failed} failed or interrupted this run (log: {log_path})')
       raise KeyboardInterrupt
-  out(f'sweep: done, {failed} failed this run' + (f' (log: {log_path})' if failed else ''))
-  return failed
+  out(
+    f'sweep: done, {tally.failed} failed this run' + (f' (log: {log_path})' if tally.failed else '')
+  )
+  return tally.failed
 
 
-def _tail(path: str, offset: int, lines: int = 8) -> str:
-  with open(path, 'rb') as f:
-    f.seek(offset)
-    text = f.read()[-4000:].decode(errors='replace')
-  return '\n'.join(text.strip().splitlines()[-lines:])
+def _read(
+  store_path: str, out: Callable[..., None]
+) -> tuple[dict[store.Key, dict[str, Any]], collections.Counter]:
+  """The store's latest record of each cell and its count of records of each, once a progress
+  file that a killed sweep left is salvaged; a warning on lines that are not results goes out."""
+  records, warning = store.read(store_path)
+  if warning:
+    out(warning)
+  store.end_line(store_path)  # a cut-short last line must not swallow the next result
+  done = store.latest(records)
+  if supervisor.salvage(store_path, done):
+    records = store.read(store_path)[0]
+    done = store.latest(records)
+  return done, collections.Counter(store.key_of(r) for r in records)
 
 
-def passthrough(a: cli.Args) -> list[str]:
-  """The flags of this command that every cell's process gets unchanged."""
-  args = [
-    f'--steps={a.steps}',
-    f'--windows={a.windows}',
-    f'--warmup_steps={a.warmup_steps}',
-    f'--seed={a.seed}',
-    f'--max_examples={a.max_examples}',
-    f'--search_tolerance={a.search_tolerance}',
-    '--remat' if a.remat else '--noremat',
-    '--triton_gemm' if a.triton_gemm else '--notriton_gemm',
-    '--verify_predicted_oom' if a.verify_predicted_oom else '--noverify_predicted_oom',
-  ]
-  if a.autotune_level is not None:
-    args.append(f'--autotune_level={a.autotune_level}')
-  if a.probe_autotune_level is not None:
-    args.append(f'--probe_autotune_level={a.probe_autotune_level}')
-  if a.compilation_cache_dir:
-    args.append(f'--compilation_cache_dir={a.compilation_cache_dir}')
-  if a.autotune_cache_dir:
-    args.append(f'--autotune_cache_dir={a.autotune_cache_dir}')
-  if a.search_resume:
-    args.append('--search_resume')
-  if not a.run_every_fit:
-    args.append('--norun_every_fit')
-  return args
+def _drop_recorded(
+  group: list[grid.Cell],
+  store_path: str,
+  planned: collections.Counter,
+  retry_failed: bool,
+  tally: _Tally,
+) -> collections.Counter:
+  """Take out of `group` the cells that another writer has recorded since the sweep planned;
+  returns the store's count of records of each cell now."""
+  records = store.read(store_path)[0]
+  before = collections.Counter(store.key_of(r) for r in records)
+  latest = store.latest(records)
+  for cell in [c for c in group if before[c.key] > planned[c.key]]:
+    r = latest[cell.key]
+    if store.done(r, retry_failed) and not _outdated(r):  # recorded by another writer
+      group.remove(cell)
+      tally.recorded_meanwhile(cell, r)
+  return before
+
+
+def _run_group(
+  group: list[grid.Cell],
+  before: collections.Counter,
+  store_path: str,
+  log_path: str,
+  make_command: Callable[[list[grid.Cell]], list[str]],
+  timeout_s: float,
+  env: dict[str, str],
+  tally: _Tally,
+) -> bool:
+  """Run one process's cells and record each that it left without a result; whether the sweep
+  was interrupted meanwhile."""
+  t0 = time.monotonic()
+  label = (
+    group[0].label()
+    if len(group) == 1
+    else (f'{group[0].label().rsplit(" on ", 1)[0]} on {",".join(c.gpu for c in group)}')
+  )
+  tally.starting(label)
+  report.discard(grid.progress_path(store_path))  # a cell's progress is its own
+  ended = supervisor.launch(make_command(group), log_path, label, env, timeout_s * len(group))
+  seconds = time.monotonic() - t0
+  records = store.read(store_path)[0]
+  after = collections.Counter(store.key_of(r) for r in records)
+  latest = store.latest(records)
+  so_far = supervisor.left_behind(store_path, one_cell=len(group) == 1)
+  for i, cell in enumerate(group):
+    missing = after[cell.key] <= before[cell.key]
+    if missing:
+      latest[cell.key] = supervisor.record_failure(
+        store_path, cell, ended, seconds / len(group), so_far
+      )
+    if missing or not store.done(latest[cell.key]):
+      tally.failed += 1  # no result of its own; or interrupted, or a status not known: not done
+    tally.ended(cell, i == 0, latest.get(cell.key), seconds / len(group))
+  return ended.interrupted
 
 
 def main(a: cli.Args, gpus: list[catalog.Gpu], fail: Callable[[str], None]) -> int:
@@ -398,7 +230,7 @@ def main(a: cli.Args, gpus: list[catalog.Gpu], fail: Callable[[str], None]) -> i
     p = cli.plan(a)
   except cli.UsageError as e:
     fail(str(e))
-  cells = plan(
+  cells = grid.plan(
     [(w.name, w.default_precision) for w in p.workloads],
     [g.name for g in gpus],
     list(dict.fromkeys(a.precisions)) or None,
@@ -410,9 +242,9 @@ def main(a: cli.Args, gpus: list[catalog.Gpu], fail: Callable[[str], None]) -> i
     print(f'jaxbench: ok: the flags are valid for a sweep of {len(cells)} cells')
     return 0
   make = functools.partial(
-    command,
+    grid.command,
     store_path=os.path.abspath(a.store),
-    passthrough=passthrough(a),
+    passthrough=grid.passthrough(a),
     hint_files=tuple(os.path.abspath(x) for x in a.search_hints),
   )
   try:
