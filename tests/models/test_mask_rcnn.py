@@ -10,7 +10,8 @@ from models import workload as wl
 from models.mask_rcnn import data as mask_rcnn_data
 from models.mask_rcnn import detection_ops as ops
 from models.mask_rcnn import mask_rcnn as mr
-from models.mask_rcnn import resnet_fpn
+from models.mask_rcnn import nets, resnet_fpn
+from models.mask_rcnn import targets as mask_rcnn_targets
 from tests import tiny as shared
 
 TINY = mr.MASK_RCNN.resolve(tiny=True)
@@ -147,7 +148,7 @@ def test_padding_instances_never_become_targets():
   priority = jax.random.uniform(jax.random.key(0), (1200,))
 
   def targets(gt):
-    roi = mr.roi_targets(
+    roi = mask_rcnn_targets.roi_targets(
       TINY,
       priority[:38],
       proposals,
@@ -163,7 +164,7 @@ def test_padding_instances_never_become_targets():
         ops.grid_anchors(8, 16, (0.5, 1.0, 2.0), 8, 8),
       ]
     )
-    rpn = mr.rpn_targets(
+    rpn = mask_rcnn_targets.rpn_targets(
       TINY, anchors, priority[: anchors.shape[0]], gt['gt_boxes'], gt['gt_valid']
     )
     return roi, rpn
@@ -240,7 +241,7 @@ def test_deep_stage_keeps_unit_scale():
 def test_frozen_bn_statistics_come_from_a_sample_not_the_init_batch():
   # One init image misjudged the training images' contrast (3-5x too large FPN features at full
   # size): the statistics come from frozen_bn_images synthetic images of the model's own.
-  module = mr.MaskRCNN(TINY)
+  module = nets.MaskRCNN(TINY)
   rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
   init = jax.jit(lambda key: module.init(rngs, mask_rcnn_data.make_batch(TINY, key, 1), False))
   first, second = init(jax.random.key(2)), init(jax.random.key(3))
@@ -255,7 +256,7 @@ def _tiny_proposals(batch):
   ratios = tuple(TINY['anchor_ratios'])
   anchors = [
     ops.grid_anchors(s, size, ratios, -(-h // s), -(-w // s))
-    for s, size in zip(mr.strides(TINY), TINY['anchor_sizes'])
+    for s, size in zip(nets.strides(TINY), TINY['anchor_sizes'])
   ]
   keys = jax.random.split(jax.random.key(5), 2 * len(anchors))
   levels = [
@@ -265,7 +266,7 @@ def _tiny_proposals(batch):
     )
     for i, a in enumerate(anchors)
   ]
-  return jax.jit(jax.vmap(lambda o: mr.propose(TINY, o, anchors)))(levels)
+  return jax.jit(jax.vmap(lambda o: mask_rcnn_targets.propose(TINY, o, anchors)))(levels)
 
 
 @pytest.mark.slow
@@ -276,12 +277,12 @@ def test_proposals_are_kept_per_batch():
   _, scores = _tiny_proposals(2)
   scores = np.asarray(scores)
   assert np.all(np.isfinite(scores))  # each image offers n proposals
-  kept = np.asarray(mr.keep_proposals(TINY, scores))
+  kept = np.asarray(mask_rcnn_targets.keep_proposals(TINY, scores))
   assert kept.sum() == n
   threshold = np.sort(scores.reshape(-1))[-n]
   np.testing.assert_array_equal(kept, scores >= threshold)
   assert kept[0].sum() > n // 2 > kept[1].sum() > 0  # the shares follow the scores
-  per_image = np.asarray(mr.keep_proposals(dict(TINY, post_nms_per='image'), scores))
+  per_image = np.asarray(mask_rcnn_targets.keep_proposals(dict(TINY, post_nms_per='image'), scores))
   assert per_image.sum(axis=1).tolist() == [n, n]
 
 
@@ -290,7 +291,7 @@ def test_per_batch_proposals_skip_suppressed_slots():
   scores = np.full((3, n), -np.inf, np.float32)
   scores[0, :5] = np.arange(5)  # fewer survivors in the batch than the bound
   scores[2, :3] = 10.0
-  kept = np.asarray(mr.keep_proposals(TINY, scores))
+  kept = np.asarray(mask_rcnn_targets.keep_proposals(TINY, scores))
   np.testing.assert_array_equal(kept, np.isfinite(scores))
 
 
@@ -314,7 +315,7 @@ def test_mask_loss_ignores_slots_past_the_positives():
     'mask_logits': rng.normal(size=(b, m, p, p)).astype(np.float32),
     'mask_targets': (rng.uniform(size=(b, m, p, p)) > 0.5).astype(np.float32),
   }
-  loss = lambda o: float(mr.loss(TINY, o, None)[1]['loss_mask'])
+  loss = lambda o: float(mask_rcnn_targets.loss(TINY, o, None)[1]['loss_mask'])
   base = loss(out)
   padded = ~positive[:, :m]
   noisy = dict(out)
@@ -339,7 +340,7 @@ def test_canvas_and_mask_slots_of_each_case(overrides, canvas, masks):
   trainer = mr.MASK_RCNN.trainer(cfg, precision.get('fp32'))
   batch = jax.eval_shape(lambda key: trainer.make_batch(key, 2), jax.random.key(0))
   assert batch['images'].shape == (2, *canvas, 3)
-  module = mr.MaskRCNN(cfg)
+  module = nets.MaskRCNN(cfg)
   rngs = {'params': jax.random.key(0), 'dropout': jax.random.key(1)}
   variables = jax.eval_shape(lambda b: module.init(rngs, b, False), batch)
   out = jax.eval_shape(
@@ -362,7 +363,7 @@ def test_an_image_samples_rois_only_from_its_share():
   proposals = jnp.asarray(_random_boxes(np.random.default_rng(3), n, 60))
   share = jnp.arange(n) < 5  # the batch's top proposals left this image five
   roi = jax.jit(
-    lambda v: mr.roi_targets(
+    lambda v: mask_rcnn_targets.roi_targets(
       TINY,
       jax.random.uniform(jax.random.key(0), (n + g,)),
       proposals,

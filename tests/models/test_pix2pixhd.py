@@ -11,6 +11,7 @@ import pytest
 
 from models import precision
 from models import workload as wl
+from models.pix2pixhd import data as pix2pixhd_data
 from models.pix2pixhd import nets as pix2pixhd_nets
 from models.pix2pixhd import pix2pixhd, vgg
 from tests import tiny as shared
@@ -192,7 +193,7 @@ def test_downsample_divides_by_the_taps_inside():
 def test_instance_edges_mark_both_sides_of_a_boundary():
   ids = jnp.array([[[1, 1, 2, 2], [1, 1, 2, 2], [3, 3, 3, 3]]])
   expected = np.array([[[0, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]]], bool)
-  np.testing.assert_array_equal(pix2pixhd.instance_edges(ids), expected)
+  np.testing.assert_array_equal(pix2pixhd_data.instance_edges(ids), expected)
 
 
 def test_flops_per_example():

@@ -10,6 +10,7 @@ import torch
 
 from models import precision, registry
 from models import workload as wl
+from models.pix2pixhd import data as jax_data
 from models.pix2pixhd import nets as jax_nets
 from models.pix2pixhd import pix2pixhd as jax_pix2pixhd
 from models.pytorch import peer as peer_lib
@@ -58,7 +59,7 @@ def _batch(n=2, seed=0):
 
 
 def test_batch_has_the_jax_shapes_dtypes_and_is_a_label_map():
-  want = jax_pix2pixhd.make_batch(CFG, jax.random.key(0), 2)
+  want = jax_data.make_batch(CFG, jax.random.key(0), 2)
   batch = _batch()
   assert set(batch) == set(want)
   nchw = lambda shape: (shape[0], shape[3], shape[1], shape[2])
