@@ -96,11 +96,11 @@ def main(argv: list[str]) -> int:
   except (backend.BackendError, mesh.MeshError) as e:
     fail(str(e))
   from jaxbench import describe  # pylint: disable=g-import-not-at-top
-  from jaxbench.core import bench, runner  # pylint: disable=g-import-not-at-top
+  from jaxbench.core import run_record, runner  # pylint: disable=g-import-not-at-top
 
   if args.tiny is None and not (args.describe or args.list_models):
     # The preset a run gets decides what its --set values must satisfy: fix it before the plan.
-    on_gpu = usage.on_gpu() if torch_run else bench.on_gpu()
+    on_gpu = usage.on_gpu() if torch_run else run_record.on_gpu()
     args = dataclasses.replace(args, tiny=req.target is None and not on_gpu)
   try:
     plan = cli.plan(args)

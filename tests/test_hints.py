@@ -211,9 +211,9 @@ def test_forecasts_judged_against_a_run_fill_in_where_nothing_ran():
 
 
 def _as_trial(n, outcome, peak, when):
-  from jaxbench.core import search
+  from jaxbench.core import probe
 
-  return search.Trial(
+  return probe.Trial(
     examples=n, batch=n, outcome=outcome, predicted_peak_bytes=peak, run_s=1.0, earlier=when
   )
 

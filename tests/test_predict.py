@@ -3,7 +3,7 @@
 import pytest
 
 from jaxbench.cards import catalog, predict
-from jaxbench.core import hints, search
+from jaxbench.core import hints, probe, search
 from tests.test_search import FakeProgram
 
 # FakeProgram holds no arrays (tests/conftest.py).
@@ -30,7 +30,7 @@ def test_compile_only_search_finds_the_cap_boundary_and_runs_nothing():
 def test_a_card_too_small_for_one_example_is_oom():
   p = FakeProgram(a=7 * 2**30, b=1)
   r = search.find_max_batch(predict.PeakMemo(p), catalog.get('rtx_2060').cap_bytes, run_steps=0)
-  assert r.max_examples == 0 and r.trials[0].outcome == search.OOM_PREDICTED
+  assert r.max_examples == 0 and r.trials[0].outcome == probe.OOM_PREDICTED
 
 
 def test_memo_replays_compile_errors_without_compiling_again():
@@ -70,9 +70,9 @@ def test_known_trials_stop_at_the_first_failure_and_at_the_cap():
   earlier = {10: (100, 't'), 20: (200, 't'), 30: (900, 't'), 40: (300, 't')}
   known = hints.forecast_trials(earlier, 500, 2, 1 << 20)
   assert [(t.examples, t.batch, t.outcome) for t in known] == [
-    (10, 20, search.FITS),
-    (20, 40, search.FITS),
-    (30, 60, search.OOM_PREDICTED),
+    (10, 20, probe.FITS),
+    (20, 40, probe.FITS),
+    (30, 60, probe.OOM_PREDICTED),
   ]
   assert '0.000 GB > budget' in known[-1].detail
   # A fit beyond --max_examples is left to the cap.

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from jaxbench import cli
-from jaxbench.core import backend, search
+from jaxbench.core import backend, probe, search
 from jaxbench.core import bench as core_bench
 from jaxbench.pytorch import bench as torch_bench
 from jaxbench.pytorch import policy as policy_lib
@@ -103,14 +103,14 @@ def test_the_search_recovers_from_out_of_memory_to_the_known_limit(toy, monkeypa
   found = search.find_max_batch(program, None, max_examples=1000)
   assert found.error is None and found.max_examples == 13
   outcomes = {t.examples: t.outcome for t in found.trials}
-  assert outcomes[13] == search.FITS and outcomes[14] == search.OOM_RUN
+  assert outcomes[13] == probe.FITS and outcomes[14] == probe.OOM_RUN
   # Doubling, then bisection: 1, 2, 4, 8, 16 (out of memory), then within the bracket.
   assert [t.examples for t in found.trials][:5] == [1, 2, 4, 8, 16]
   assert all(t.fits == (t.examples <= 13) and t.run_s is not None for t in found.trials), (
     found.trials
   )
   # After each out-of-memory the next trial ran from a fresh state and fitted where it should.
-  after_oom = [b for a, b in zip(found.trials, found.trials[1:]) if a.outcome == search.OOM_RUN]
+  after_oom = [b for a, b in zip(found.trials, found.trials[1:]) if a.outcome == probe.OOM_RUN]
   assert any(t.fits for t in after_oom)
 
 
@@ -150,7 +150,7 @@ def test_a_failed_trial_that_leaves_memory_allocated_stops_the_search(toy, monke
   in_use = iter(range(0, 1000, 8))  # every read shows more bytes: a leak after each trial
   monkeypatch.setattr(program, 'bytes_in_use', lambda: next(in_use))
   found = search.find_max_batch(program, None, max_examples=1000)
-  assert found.trials[-1].outcome == search.ERROR
+  assert found.trials[-1].outcome == probe.ERROR
   assert 'stayed allocated after the failed trial at 4 examples' in found.error
   assert found.max_examples == 2  # the largest batch that ran in this search
 

@@ -12,7 +12,7 @@ import time
 import jax
 import pytest
 
-from jaxbench.core import bench, search
+from jaxbench.core import backend, bench, hints, probe, probing, search, search_log, timing
 from jaxbench.core import program as prog
 from models import precision, registry, transformer
 from models import workload as wl
@@ -90,7 +90,7 @@ def test_line_jump_finds_exact_boundary_in_few_compiles():
   assert r.error is None and r.best.n == 12345
   # 1, 2, the predicted boundary and its failing neighbour.
   assert len(r.trials) <= 5, [t.examples for t in r.trials]
-  assert {t.outcome for t in r.trials if t.examples == 12346} == {search.OOM_PREDICTED}
+  assert {t.outcome for t in r.trials if t.examples == 12346} == {probe.OOM_PREDICTED}
   assert 12346 not in p.ran  # predicted out of memory: not run
 
 
@@ -154,7 +154,7 @@ def test_doubling_without_a_budget_relies_on_real_runs():
   assert r.max_examples == 37
   ns = [t.examples for t in r.trials]
   assert ns[:7] == [1, 2, 4, 8, 16, 32, 64]  # doubling until the first failure
-  assert {t.outcome for t in r.trials if t.examples > 37} == {search.OOM_RUN}
+  assert {t.outcome for t in r.trials if t.examples > 37} == {probe.OOM_RUN}
 
 
 def test_runtime_oom_below_predicted_budget_counts():
@@ -168,14 +168,14 @@ def test_compile_time_oom_is_out_of_memory_not_error():
   p = FakeProgram(a=0, b=1, compile_fails_above=20)
   r = search.find_max_batch(p, budget_bytes=None)
   assert r.max_examples == 20 and r.error is None
-  assert search.OOM_COMPILE in {t.outcome for t in r.trials}
+  assert probe.OOM_COMPILE in {t.outcome for t in r.trials}
 
 
 def test_other_errors_stop_the_search_as_errors():
   p = FakeProgram(error_at=4)
   r = search.find_max_batch(p, budget_bytes=None)
   assert r.error is not None and 'shape mismatch' in r.error
-  assert r.trials[-1].outcome == search.ERROR
+  assert r.trials[-1].outcome == probe.ERROR
   assert r.max_examples == 2  # what was known to fit before the error
 
 
@@ -217,13 +217,13 @@ def test_max_batch_found_then_measured_on_the_real_tiny_transformer():
   """End to end on XLA:CPU: the boundary under a budget is exact and the max runs again."""
   w = transformer.TRANSFORMER_BIG
   cfg = w.resolve(tiny=True)
-  p = prog.Program(w, cfg, bench.precision.get('fp32'))
+  p = prog.Program(w, cfg, precision.get('fp32'))
   peaks = {n: p.compile(n).peak_bytes for n in (8, 9)}
   budget = peaks[8]  # 8 sentences fit exactly, 9 do not
   assert peaks[9] > peaks[8]
   r = search.find_max_batch(p, budget)
   assert r.max_examples == 8, [(t.examples, t.outcome) for t in r.trials]
-  m = bench.timing.measure(p, r.best, warmup_steps=1, steps=2, windows=2)
+  m = timing.measure(p, r.best, warmup_steps=1, steps=2, windows=2)
   assert m.finite and len(m.window_step_s) == 2
 
 
@@ -231,7 +231,7 @@ def test_max_batch_found_then_measured_on_the_real_tiny_transformer():
 def test_a_failed_trial_leaves_no_arrays_behind():
   """After an out-of-memory at run time nothing of the trial stays alive on the device."""
   w = transformer.TRANSFORMER_BIG
-  p = prog.Program(w, w.resolve(tiny=True), bench.precision.get('fp32'))
+  p = prog.Program(w, w.resolve(tiny=True), precision.get('fp32'))
   compiled = p.compile(2)
   real = compiled.executable
 
@@ -244,8 +244,8 @@ def test_a_failed_trial_leaves_no_arrays_behind():
   p.compile = lambda n: compiled
   gc.collect()
   before = len(jax.live_arrays())
-  trial, best = search.probe(p, 2, budget_bytes=None)
-  assert trial.outcome == search.OOM_RUN and best is None
+  trial, best = probe.probe(p, 2, budget_bytes=None)
+  assert trial.outcome == probe.OOM_RUN and best is None
   assert len(jax.live_arrays()) == before
 
 
@@ -253,12 +253,12 @@ def test_an_interrupt_during_timing_keeps_the_search_in_the_output(tmp_path, mon
   """Ctrl-C (or a queue's SIGINT) after the search: one whole line, status 'interrupted'."""
   from jaxbench import cli
   from jaxbench.cards import emulation
-  from jaxbench.core import backend, runner
+  from jaxbench.core import runner
 
   def interrupted(*args, **kwargs):
     raise KeyboardInterrupt
 
-  monkeypatch.setattr(bench.timing, 'measure', interrupted)
+  monkeypatch.setattr(timing, 'measure', interrupted)
   out = tmp_path / 'r.jsonl'
   w = transformer.TRANSFORMER_BIG
   batch = 2 * w.example_size(w.resolve(tiny=True))
@@ -332,11 +332,11 @@ def test_each_probe_reports_its_compile_and_its_run_as_they_start():
   found = search.find_max_batch(program, 250, on_phase=on_phase)
   expected = []
   for t in found.trials:
-    expected.append((t.examples, search.COMPILING, None))
-    if t.outcome != search.OOM_PREDICTED:  # its run starts with its forecast known
-      expected.append((t.examples, search.RUNNING, (search.UNFINISHED, program.peak(t.examples))))
+    expected.append((t.examples, probe.COMPILING, None))
+    if t.outcome != probe.OOM_PREDICTED:  # its run starts with its forecast known
+      expected.append((t.examples, probe.RUNNING, (probe.UNFINISHED, program.peak(t.examples))))
   assert calls == expected
-  assert any(t.outcome == search.OOM_RUN for t in found.trials)  # a run that failed: reported
+  assert any(t.outcome == probe.OOM_RUN for t in found.trials)  # a run that failed: reported
 
 
 def test_an_interrupted_run_says_which_probe_it_was_in(monkeypatch):
@@ -348,7 +348,7 @@ def test_an_interrupted_run_says_which_probe_it_was_in(monkeypatch):
   monkeypatch.setattr(prog.Program, 'run', interrupted)
   w = registry.get('bert_base')
   lines = []
-  memory = bench.backend.MemorySetup(None, None, None, False)
+  memory = backend.MemorySetup(None, None, None, False)
   with pytest.raises(bench.Interrupted) as stop:
     bench.run(w, bench.Options(tiny=True), memory, log=lines.append)
   assert lines[0] == '  bert_base: batch 1 sequences: compiling'
@@ -359,7 +359,7 @@ def test_an_interrupted_run_says_which_probe_it_was_in(monkeypatch):
   assert result['error'] == 'interrupted while searching: running batch 1 sequences'
   # The probe cut in its run keeps its compile and forecast, decided neither way.
   (cut,) = result['search']['trials']
-  assert cut['outcome'] == search.UNFINISHED and cut['examples'] == 1
+  assert cut['outcome'] == probe.UNFINISHED and cut['examples'] == 1
   assert cut['predicted_peak_bytes'] > 0 and cut['compile_s'] > 0 and cut['run_s'] is None
   assert result['max_examples'] == 0
 
@@ -388,8 +388,8 @@ def test_an_eager_init_builds_the_jitted_state_once_and_every_trial_gets_a_copy(
   """eager_init: the same initial state as the jitted init, and donation never reaches it."""
   w = transformer.TRANSFORMER_BIG
   cfg = w.resolve(tiny=True)
-  jitted = prog.Program(w, cfg, bench.precision.get('fp32'))
-  eager = prog.Program(dataclasses.replace(w, eager_init=True), cfg, bench.precision.get('fp32'))
+  jitted = prog.Program(w, cfg, precision.get('fp32'))
+  eager = prog.Program(dataclasses.replace(w, eager_init=True), cfg, precision.get('fp32'))
   want, got = jitted.initial_state(), eager.initial_state()
   assert jitted.init_s > 0 and eager.init_s > 0
   for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
@@ -403,14 +403,14 @@ def test_an_eager_init_builds_the_jitted_state_once_and_every_trial_gets_a_copy(
 
 
 def _earlier(n, outcome, peak, when='2026-12-01T04:52:30+00:00'):
-  return search.Trial(n, n, outcome, predicted_peak_bytes=peak, compile_s=300.0, earlier=when)
+  return probe.Trial(n, n, outcome, predicted_peak_bytes=peak, compile_s=300.0, earlier=when)
 
 
 def test_a_resumed_search_compiles_only_what_the_earlier_run_left_and_the_max_again():
   """360 fitted and 362 was predicted over in an earlier process: this one compiles 361 and, to
   time it, the largest fit again; the earlier trials are reported with their run's time."""
   p = FakeProgram(a=0, b=10)  # fits up to 361 under 3615
-  known = [_earlier(360, search.FITS, 3600), _earlier(362, search.OOM_PREDICTED, 3620)]
+  known = [_earlier(360, probe.FITS, 3600), _earlier(362, probe.OOM_PREDICTED, 3620)]
   found = search.find_max_batch(p, 3615, known=known)
   assert found.max_examples == 361 and found.best.n == 361
   assert p.compiled == [361] and p.ran == [361]
@@ -423,7 +423,7 @@ def test_a_resumed_search_compiles_only_what_the_earlier_run_left_and_the_max_ag
 
 def test_a_search_resumed_at_its_boundary_compiles_and_runs_the_max_once():
   p = FakeProgram(a=0, b=10)
-  known = [_earlier(361, search.FITS, 3610), _earlier(362, search.OOM_PREDICTED, 3620)]
+  known = [_earlier(361, probe.FITS, 3610), _earlier(362, probe.OOM_PREDICTED, 3620)]
   found = search.find_max_batch(p, 3615, known=known)
   assert found.max_examples == 361 and found.best is not None and found.error is None
   assert p.compiled == [361] and p.ran == [361]
@@ -431,7 +431,7 @@ def test_a_search_resumed_at_its_boundary_compiles_and_runs_the_max_once():
 
 def test_a_resumed_fit_that_ran_and_fails_now_stops_the_search_with_an_error():
   p = FakeProgram(a=0, b=10, run_fails_above=300)
-  known = [_earlier(361, search.FITS, 3610), _earlier(362, search.OOM_PREDICTED, 3620)]
+  known = [_earlier(361, probe.FITS, 3610), _earlier(362, probe.OOM_PREDICTED, 3620)]
   known[0].run_s = 40.0  # it ran in the earlier run
   found = search.find_max_batch(p, 3615, known=known)
   assert found.error == '361 examples ran in an earlier run and not in this one (oom_run)'
@@ -442,7 +442,7 @@ def test_a_resumed_fit_by_forecast_that_fails_now_moves_the_search_below_it():
   """The earlier run was cut before it could run its max (--norun_every_fit): no disagreement,
   the forecast was wrong there, and the search goes on below with every fit run."""
   p = FakeProgram(a=0, b=10, run_fails_above=300)
-  known = [_earlier(361, search.FITS, 3610), _earlier(362, search.OOM_PREDICTED, 3620)]
+  known = [_earlier(361, probe.FITS, 3610), _earlier(362, probe.OOM_PREDICTED, 3620)]
   found = search.find_max_batch(p, 3615, known=known, run_every_fit=False)
   assert found.error is None and found.max_examples == 300 and found.best.n == 300
   assert len(p.ran) <= 12
@@ -450,12 +450,12 @@ def test_a_resumed_fit_by_forecast_that_fails_now_moves_the_search_below_it():
 
 def test_a_resume_where_nothing_fitted_compiles_nothing():
   p = FakeProgram(a=5000, b=10)
-  found = search.find_max_batch(p, 3615, known=[_earlier(1, search.OOM_PREDICTED, 5010)])
+  found = search.find_max_batch(p, 3615, known=[_earlier(1, probe.OOM_PREDICTED, 5010)])
   assert found.max_examples == 0 and p.compiled == [] and found.error is None
 
 
 def test_earlier_trials_that_disagree_are_refused():
-  known = [_earlier(10, search.FITS, 100), _earlier(5, search.OOM_RUN, 50)]
+  known = [_earlier(10, probe.FITS, 100), _earlier(5, probe.OOM_RUN, 50)]
   known[0].run_s = 1.0  # 10 ran, 5 did not (hints.decided keeps only the later of such pairs)
   with pytest.raises(ValueError, match='disagree'):
     search.find_max_batch(FakeProgram(), 1000, known=known)
@@ -468,7 +468,7 @@ def plain_bert_search():
   long): the same run starts each of the three tests below that compare another search with it,
   so it runs once a test process."""
   w = registry.get('bert_base')
-  memory = bench.backend.MemorySetup(None, 4_000_000, None, False)
+  memory = backend.MemorySetup(None, 4_000_000, None, False)
   opts = bench.Options(tiny=True, steps=1, windows=1, warmup_steps=0)
   return w, memory, opts, bench.run(w, opts, memory)
 
@@ -506,7 +506,7 @@ def test_without_run_every_fit_only_the_largest_fit_runs_and_the_answer_is_the_s
   assert lazy.compiled == default.compiled  # the same probes
   assert len(default.ran) > 1 and lazy.ran == [361]  # one run, of the max
   last = got.trials[-1]
-  assert (last.examples, last.outcome, last.compile_s) == (361, search.FITS, None)
+  assert (last.examples, last.outcome, last.compile_s) == (361, probe.FITS, None)
   assert last.run_s is not None
   assert all(t.run_s is None for t in got.trials[:-1])  # the probes compiled only
 
@@ -519,12 +519,12 @@ def test_without_run_every_fit_a_max_that_fails_when_run_moves_the_search_below_
   got = search.find_max_batch(lazy, 3615, run_every_fit=False)
   assert got.max_examples == want.max_examples == 300 and got.error is None
   assert got.best.n == 300 and 300 in lazy.ran  # the max ran
-  assert any(t.outcome == search.OOM_RUN for t in got.trials)
+  assert any(t.outcome == probe.OOM_RUN for t in got.trials)
 
 
 def test_a_resumed_forecast_fit_is_compiled_and_run_here_before_it_is_the_max():
   p = FakeProgram(a=0, b=10)
-  known = [_earlier(361, search.FITS, 3610), _earlier(362, search.OOM_PREDICTED, 3620)]
+  known = [_earlier(361, probe.FITS, 3610), _earlier(362, probe.OOM_PREDICTED, 3620)]
   known[0].run_s = None  # the earlier run decided it by its forecast only
   found = search.find_max_batch(p, 3615, known=known, run_every_fit=False)
   assert found.max_examples == 361 and p.compiled == [361] and p.ran == [361]
@@ -555,7 +555,7 @@ def test_an_interrupted_search_counts_as_run_only_the_batches_that_ran(monkeypat
 
   monkeypatch.setattr(prog.Program, 'compile', compile_then_stop)
   w = registry.get('bert_base')
-  memory = bench.backend.MemorySetup(None, None, None, False)
+  memory = backend.MemorySetup(None, None, None, False)
   with pytest.raises(bench.Interrupted) as stop:
     bench.run(w, bench.Options(tiny=True, run_every_fit=False), memory)
   result = stop.value.result
@@ -583,12 +583,12 @@ def test_a_lazy_search_runs_every_fit_without_a_budget_or_when_verifying_ooms(bu
     p, budget, max_examples=4096, verify_predicted_oom=verify, run_every_fit=False
   )
   assert got.max_examples == 300 and got.error is None
-  assert all(t.run_s is not None for t in got.trials if t.outcome != search.OOM_PREDICTED)
+  assert all(t.run_s is not None for t in got.trials if t.outcome != probe.OOM_PREDICTED)
 
 
 def test_earlier_fits_above_the_cap_do_not_make_the_max():
   p = FakeProgram(a=0, b=10)
-  known = [_earlier(361, search.FITS, 3610), _earlier(362, search.OOM_PREDICTED, 3620)]
+  known = [_earlier(361, probe.FITS, 3610), _earlier(362, probe.OOM_PREDICTED, 3620)]
   found = search.find_max_batch(p, 3615, max_examples=100, known=known)
   assert found.max_examples == 100 and found.capped and p.ran[-1] == 100
 
@@ -616,11 +616,11 @@ def test_cheap_probes_then_one_autotuned_compile_when_the_forecasts_agree():
   compiles and runs the max alone, and the answer is the plain search's."""
   want = search.find_max_batch(FakeProgram(a=0, b=10), 3615)
   cheap, real, seen = FakeProgram(a=0, b=10), FakeProgram(a=0, b=10), []
-  got, check = search.find_max_batch_probing(real, cheap, 0, 3615, on_trial=seen.append)
+  got, check = probing.find_max_batch_probing(real, cheap, 0, 3615, on_trial=seen.append)
   assert got.max_examples == want.max_examples == 361 and got.best.n == 361
   assert cheap.ran == [] and len(cheap.compiled) >= 2  # compile-only probes
   assert real.compiled == [361] and real.ran == [361]  # one autotuned compile, run
-  assert check == search.ProbeCheck(361, 3610, 3610, True)
+  assert check == probing.ProbeCheck(361, 3610, 3610, True)
   assert [t.autotune_level for t in got.trials] == [0] * len(cheap.compiled) + [None]
   assert seen == got.trials  # every trial reported as it ends
   assert got.trials[-1].run_s is not None and all(t.run_s is None for t in got.trials[:-1])
@@ -630,7 +630,7 @@ def test_cheap_probes_then_one_autotuned_compile_when_the_forecasts_agree():
 def test_forecasts_that_differ_send_the_search_on_autotuned_to_the_same_answer(real_a):
   want = search.find_max_batch(FakeProgram(a=real_a, b=10), 3615)
   real = FakeProgram(a=real_a, b=10)
-  got, check = search.find_max_batch_probing(real, FakeProgram(a=0, b=10), 0, 3615)
+  got, check = probing.find_max_batch_probing(real, FakeProgram(a=0, b=10), 0, 3615)
   assert not check.equal and check.examples == 361
   assert got.max_examples == want.max_examples and got.error is None
   assert got.best.n == got.max_examples and got.max_examples in real.ran
@@ -639,23 +639,23 @@ def test_forecasts_that_differ_send_the_search_on_autotuned_to_the_same_answer(r
 
 
 def test_the_checks_log_line_gives_both_forecasts_when_they_differ():
-  text = bench.probe_check_text
-  assert text(search.ProbeCheck(360, 3600, 3600, True)) == 'the same bytes'
-  differ = text(search.ProbeCheck(360, 142_191_083_344, 142_189_413_968, False))
+  text = search_log.probe_check_text
+  assert text(probing.ProbeCheck(360, 3600, 3600, True)) == 'the same bytes'
+  differ = text(probing.ProbeCheck(360, 142_191_083_344, 142_189_413_968, False))
   assert "142,189,413,968 B against the probe's 142,191,083,344 B" in differ
-  assert 'no forecast' in text(search.ProbeCheck(360, 3600, None, False))
+  assert 'no forecast' in text(probing.ProbeCheck(360, 3600, None, False))
 
 
 def test_a_max_that_fails_its_run_sends_the_search_on_autotuned():
   real = FakeProgram(a=0, b=10, run_fails_above=300)
-  got, check = search.find_max_batch_probing(real, FakeProgram(a=0, b=10), 0, 3615)
+  got, check = probing.find_max_batch_probing(real, FakeProgram(a=0, b=10), 0, 3615)
   assert check.equal  # the forecasts agree; the device does not
   assert got.max_examples == 300 and got.best.n == 300 and 300 in real.ran
 
 
 def test_probing_where_nothing_fits_compiles_nothing_autotuned():
   real = FakeProgram(a=5000, b=10)
-  got, check = search.find_max_batch_probing(real, FakeProgram(a=5000, b=10), 0, 3615)
+  got, check = probing.find_max_batch_probing(real, FakeProgram(a=5000, b=10), 0, 3615)
   assert got.max_examples == 0 and check is None and real.compiled == []
 
 
@@ -685,4 +685,4 @@ def test_probing_on_the_tiny_transformer_finds_the_plain_searchs_max(tmp_path, p
   assert any('the same bytes' in line for line in lines)
   path = tmp_path / 'probed.jsonl'
   path.write_text(json.dumps(probed) + '\n')
-  assert set(bench.hints.forecasts([str(path)], probed)) == {n}  # the autotuned compile only
+  assert set(hints.forecasts([str(path)], probed)) == {n}  # the autotuned compile only

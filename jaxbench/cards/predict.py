@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from jaxbench.cards import catalog, deviceless, emulation
-from jaxbench.core import bench, hints, mesh, search
+from jaxbench.core import bench, hints, mesh, probe, run_record, search, search_log
 from jaxbench.core import program as prog
 from jaxbench.results import store
 from models import precision
@@ -78,9 +78,9 @@ def predict(
   layout = None if target is not None else mesh.Layout.local(1)
   program = prog.Program(w, cfg, policy, seed=opts.seed, target=target, layout=layout)
   memo = PeakMemo(program)
-  dev = bench.device_info() if target is None else deviceless.device_info(target)
+  dev = run_record.device_info() if target is None else deviceless.device_info(target)
   header = {
-    **bench.identity(w, cfg, policy, opts.tiny, dev),
+    **run_record.identity(w, cfg, policy, opts.tiny, dev),
     'params': program.param_counts(),
   }
   peaks, matched = hints.load(opts.search_hints, header)
@@ -94,7 +94,7 @@ def predict(
     fits = [t for t in done if found is not None and t.fits and t.examples == largest]
     result = {
       **header,
-      'timestamp': bench.now(),
+      'timestamp': run_record.now(),
       'memory': {
         'limit_bytes': gpu.cap_bytes,
         'budget_bytes': gpu.cap_bytes,
@@ -133,12 +133,12 @@ def predict(
       result.update(status='ok', error=None)
     return emulation.annotate(result, gpu, opts.overrides, mode='predict')
 
-  def on_trial(card: _Card, t: search.Trial) -> None:
+  def on_trial(card: _Card, t: probe.Trial) -> None:
     card.trials.append(t)
     if checkpoint is not None:  # first: a log that shows a probe has it in the checkpoint
       checkpoint(record(card, None))
     if t.compile_s != 0.0:  # a probe of this search, not a batch an earlier card compiled
-      log(f'{bench.trial_line(w, t)} (for the {card.gpu.display})')
+      log(f'{search_log.trial_line(w, t)} (for the {card.gpu.display})')
 
   for gpu in sorted(gpus, key=lambda g: g.cap_bytes):
     known = hints.forecast_trials(earlier, gpu.cap_bytes, w.example_size(cfg), opts.max_examples)
@@ -166,10 +166,10 @@ class _Card:
   """One card's search in a prediction: what it started from and its trials so far."""
 
   gpu: catalog.Gpu
-  known: list[search.Trial]  # earlier forecasts, decided without compiling (--search_resume)
+  known: list[probe.Trial]  # earlier forecasts, decided without compiling (--search_resume)
   start: float  # time.perf_counter() at its start
   compiles: int  # the memo's compiles before it
-  trials: list[search.Trial]
+  trials: list[probe.Trial]
 
 
 def line(r: dict[str, Any]) -> str:

@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 from jaxbench.results import store
 
-if TYPE_CHECKING:  # search imports JAX; the report reads hints without it
-  from jaxbench.core import search
+if TYPE_CHECKING:  # probe imports JAX; the report reads hints without it
+  from jaxbench.core import probe
 
 # What must agree for a recorded forecast to hold: the program (workload and its revision,
 # precision, preset, configuration), the compiler (JAX version, XLA flags, remat included)
@@ -83,7 +83,7 @@ def _same_program(paths: Iterable[str], head: dict[str, Any]) -> Iterator[dict[s
 def load(paths: Iterable[str], head: dict[str, Any]) -> tuple[dict[int, int], int]:
   """n -> predicted peak bytes from the matching results in `paths`, and how many matched.
 
-  `head` is this run's bench.identity(...). Later records win where two give the same n.
+  `head` is this run's run_record.identity(...). Later records win where two give the same n.
   """
   peaks: dict[int, int] = {}
   matched = 0
@@ -99,7 +99,7 @@ def _memory(r: dict[str, Any]) -> tuple[Any, Any]:
   return (r.get('memory') or {}).get('limit_bytes'), (r.get('device') or {}).get('pool_bytes')
 
 
-def decided(paths: Iterable[str], head: dict[str, Any], budget: int | None) -> list['search.Trial']:
+def decided(paths: Iterable[str], head: dict[str, Any], budget: int | None) -> list['probe.Trial']:
   """The decided trials (fits, out of memory) of earlier runs in `paths` that hold for this one.
 
   They hold where the program, compiler and device kind agree (program_key) and so does the
@@ -113,27 +113,27 @@ def decided(paths: Iterable[str], head: dict[str, Any], budget: int | None) -> l
   failure) the later run's trial wins and the earlier one is dropped, so what is returned is
   consistent: every fit below every failure.
   """
-  from jaxbench.core import search  # pylint: disable=g-import-not-at-top  (JAX: only where resumed)
+  from jaxbench.core import probe  # pylint: disable=g-import-not-at-top  (JAX: only where resumed)
 
   memory = _memory(head)
-  timed: list[tuple[str, int, search.Trial]] = []  # (its run's time, read order, trial)
-  fields = {f.name for f in dataclasses.fields(search.Trial)}
+  timed: list[tuple[str, int, probe.Trial]] = []  # (its run's time, read order, trial)
+  fields = {f.name for f in dataclasses.fields(probe.Trial)}
   for r in _same_program(paths, head):
     if _memory(r) != memory or (r.get('search') or {}).get('mode') == 'predict':
       continue  # another memory; or a compile-only search, which ran nothing
     for t in (r.get('search') or {}).get('trials') or []:
-      if t.get('outcome') not in search.DECIDED or t.get('autotune_level') is not None:
+      if t.get('outcome') not in probe.DECIDED or t.get('autotune_level') is not None:
         continue  # undecided; or a probe of another program (find_max_batch_probing)
-      trial = search.Trial(**{k: v for k, v in t.items() if k in fields})
+      trial = probe.Trial(**{k: v for k, v in t.items() if k in fields})
       trial.earlier = trial.earlier or r.get('timestamp')
       peak = trial.predicted_peak_bytes
       if budget is not None and peak is not None:
-        if trial.outcome == search.OOM_PREDICTED and peak <= budget:
+        if trial.outcome == probe.OOM_PREDICTED and peak <= budget:
           continue
         if trial.fits and peak > budget:
           continue
       timed.append((trial.earlier or '', len(timed), trial))
-  found: dict[int, search.Trial] = {}
+  found: dict[int, probe.Trial] = {}
   for _, _, trial in sorted(timed, key=lambda x: x[:2]):
     n = trial.examples
     for m, t in list(found.items()):
@@ -164,7 +164,7 @@ def forecasts(paths: Iterable[str], head: dict[str, Any]) -> dict[int, tuple[int
 
 def forecast_trials(
   earlier: dict[int, tuple[int, str | None]], budget: int, example_size: int, max_examples: int
-) -> list['search.Trial']:
+) -> list['probe.Trial']:
   """Earlier forecasts (n -> (peak, its run's time), forecasts()) as the trials a search under
   `budget` would decide by compiling those batches again: a fit by its forecast (not run) where
   the peak is within the budget, else predicted out of memory.
@@ -174,7 +174,7 @@ def forecast_trials(
   and the search's bracket needs every fit below every failure. Fits above max_examples are
   left to the cap.
   """
-  from jaxbench.core import search  # pylint: disable=g-import-not-at-top  (JAX: only where resumed)
+  from jaxbench.core import probe  # pylint: disable=g-import-not-at-top  (JAX: only where resumed)
 
   trials = []
   for n in sorted(earlier):
@@ -183,10 +183,10 @@ def forecast_trials(
     if fits and n > max_examples:
       break
     trials.append(
-      search.Trial(
+      probe.Trial(
         examples=n,
         batch=n * example_size,
-        outcome=search.FITS if fits else search.OOM_PREDICTED,
+        outcome=probe.FITS if fits else probe.OOM_PREDICTED,
         predicted_peak_bytes=peak,
         detail='' if fits else f'predicted peak {peak / 1e9:.3f} GB > budget {budget / 1e9:.3f} GB',
         earlier=when,
@@ -197,7 +197,7 @@ def forecast_trials(
   return trials
 
 
-def combined(ran: list['search.Trial'], by_forecast: list['search.Trial']) -> list['search.Trial']:
+def combined(ran: list['probe.Trial'], by_forecast: list['probe.Trial']) -> list['probe.Trial']:
   """A resumed run's known trials: those that decided an earlier run under the same memory
   (decided()) and, where those say nothing, the earlier forecasts of any run judged against this
   run's budget (forecast_trials()). A forecast trial is dropped at a batch that also ran, and

@@ -47,7 +47,7 @@ class Trial:
   # The step came from the persistent compilation cache: compile_s is a load, not a compile.
   cached: bool = False
   # Compiled with XLA's autotuning at this level instead of the run's own (a compile-only probe
-  # of search.find_max_batch_probing: another program, whose forecast aims and decides this
+  # of probing.find_max_batch_probing: another program, whose forecast aims and decides this
   # search only); None: the run's program.
   autotune_level: int | None = None
 

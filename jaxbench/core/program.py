@@ -125,7 +125,8 @@ class Program:
   def autotuned_at(self, level: int) -> 'Program':
     """The same step, compiled with XLA's GEMM and convolution autotuning at `level` (0: off)
     whatever XLA_FLAGS say: a program of its own (its compiles, its cache entries), sharing
-    this one's model and built state. For compile-only forecasts (search.find_max_batch_probing)."""
+    this one's model and built state. For compile-only forecasts
+    (probing.find_max_batch_probing)."""
     other = copy.copy(self)
     other.compiler_options = {**(self.compiler_options or {}), 'xla_gpu_autotune_level': level}
     return other

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 import jaxbench
-from jaxbench.core import backend, search
+from jaxbench.core import backend, probe, run_record, search, search_log
 from jaxbench.core import bench as core_bench
 from jaxbench.core import progress as display
 from jaxbench.pytorch import environment
@@ -40,7 +40,7 @@ def budget(memory: backend.MemorySetup, device: torch.device) -> tuple[int, str]
     return limit, 'allocator'
   if memory.limit_bytes is not None:
     return memory.limit_bytes, 'estimated tensor bytes'
-  gb = core_bench.CPU_DEFAULT_BUDGET_GB
+  gb = run_record.CPU_DEFAULT_BUDGET_GB
   return int(gb * 1e9), f'estimated tensor bytes (CPU default {gb} GB)'
 
 
@@ -48,7 +48,7 @@ def identity(w, cfg, pol, tiny, dev, torch_compile) -> dict[str, Any]:
   """What every PyTorch result records about its software, device and workload."""
   peer = registry.get(w.name)
   return {
-    'schema': core_bench.SCHEMA,
+    'schema': run_record.SCHEMA,
     'framework': FRAMEWORK,
     'jaxbench_version': jaxbench.__version__,
     **environment.environment(),
@@ -91,7 +91,7 @@ def run(
     dev['pool_bytes'] = limit
   result: dict[str, Any] = {
     **identity(w, cfg, pol, opts.tiny, dev, torch_compile),
-    'timestamp': core_bench.now(),
+    'timestamp': run_record.now(),
     'memory': {
       'limit_bytes': memory.limit_bytes,
       'budget_bytes': limit,
@@ -109,19 +109,20 @@ def run(
     torch_compile=torch_compile,
     cpu_budget_bytes=limit,
   )
-  progress = core_bench._Progress(line=display.Line(w.name, w.unit))  # pylint: disable=protected-access
+  progress = run_record.Progress(line=display.Line(w.name, w.unit))
   progress.line.set_phase(progress.phase)
-  so_far = core_bench._so_far  # pylint: disable=protected-access
   if checkpoint is not None:
     progress.changed = lambda: checkpoint(
-      so_far(w, cfg, opts, result, progress, f'ended without its result, while {progress.phase}')
+      run_record.so_far(
+        w, cfg, opts, result, progress, f'ended without its result, while {progress.phase}'
+      )
     )
   try:
     with display.Display(progress.line):
       return _search_and_time(w, opts, cfg, program, result, progress, log)
   except KeyboardInterrupt:
     raise core_bench.Interrupted(
-      so_far(w, cfg, opts, result, progress, f'interrupted while {progress.phase}')
+      run_record.so_far(w, cfg, opts, result, progress, f'interrupted while {progress.phase}')
     ) from None
 
 
@@ -129,17 +130,17 @@ def _search_and_time(w, opts, cfg, program, result, progress, log) -> dict[str, 
   """The body of run(), reporting its phase and trials to `progress` as it goes."""
   size = w.example_size(cfg)
 
-  def on_trial(t: search.Trial) -> None:
+  def on_trial(t: probe.Trial) -> None:
     progress.add(t)
     progress.running = None
     if program.init_s is not None:
       result['init_s'] = round(program.init_s, 3)
     progress.changed()
-    log(core_bench.trial_line(w, t))
+    log(search_log.trial_line(w, t))
 
-  def on_phase(n: int, phase: str, trial: search.Trial | None) -> None:
+  def on_phase(n: int, phase: str, trial: probe.Trial | None) -> None:
     progress.running = trial
-    if phase == search.COMPILING:
+    if phase == probe.COMPILING:
       return  # nothing is compiled ahead of a PyTorch step
     batch = f'{n * size} {w.unit}'
     fixed = opts.batch_size is not None
@@ -152,11 +153,11 @@ def _search_and_time(w, opts, cfg, program, result, progress, log) -> dict[str, 
   result['params'] = program.param_counts()
   if opts.batch_size is not None:
     result['search'] = {'mode': 'fixed'}
-    n = core_bench.examples_for(w, cfg, opts.batch_size)
+    n = run_record.examples_for(w, cfg, opts.batch_size)
     start = time.perf_counter()
-    trial, compiled = search.probe(program, n, None, on_phase=on_phase)
+    trial, compiled = probe.probe(program, n, None, on_phase=on_phase)
     on_trial(trial)
-    error = trial.detail if trial.outcome == search.ERROR else None
+    error = trial.detail if trial.outcome == probe.ERROR else None
     found = search.Result(
       n if trial.fits else 0, [trial], time.perf_counter() - start, None, compiled, error
     )
@@ -177,7 +178,7 @@ def _search_and_time(w, opts, cfg, program, result, progress, log) -> dict[str, 
     cache_loads=0,
     capped=found.capped,
   )
-  ended = core_bench.search_ended(result, found, size, opts)
+  ended = run_record.search_ended(result, found, size, opts)
   if ended is not None:
     return ended
   progress.set_phase(f'timing at {found.max_examples * size} {w.unit}')

@@ -29,7 +29,8 @@ def environment() -> dict[str, Any]:
 
 
 def device_info(device: torch.device) -> dict[str, Any]:
-  """The record's device: as bench.device_info has it for JAX (pool_bytes: the allocator's cap)."""
+  """The record's device: as run_record.device_info has it for JAX (pool_bytes: the allocator's
+  cap)."""
   if device.type == 'cuda':
     props = torch.cuda.get_device_properties(device)
     return {

@@ -27,7 +27,7 @@ from jaxbench.results import records, store
 # (--reference_batch), in the workload's units: a fixed batch, the same for both sides, because
 # the max batches differ and one --batch_size does not fit workloads measured in images,
 # sequences and tokens. A batch in tokens becomes whole examples as --batch_size does
-# (bench.examples_for: rounded down).
+# (run_record.examples_for: rounded down).
 REFERENCE_BATCH = {
   'bert_base': 64,  # sequences
   'bert_squad': 32,  # sequences

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from jaxbench import cli
-from jaxbench.core import backend, bench, search
+from jaxbench.core import backend, bench, run_record, search, search_log
 from jaxbench.core import program as prog
 from jaxbench.results import records as report
 from jaxbench.train import checkpoint, data, recipes, tfds_data
@@ -72,9 +72,9 @@ def run(
   policy = precision.get(options.precision or w.default_precision)
   cfg = w.resolve(tiny=options.tiny, overrides=dict(options.overrides))
   record: dict[str, Any] = {
-    **bench.identity(w, cfg, policy, options.tiny, bench.device_info()),
+    **run_record.identity(w, cfg, policy, options.tiny, run_record.device_info()),
     'schema': SCHEMA,
-    'timestamp': bench.now(),
+    'timestamp': run_record.now(),
   }
   found = checkpoint.read_identity(train.checkpoint_dir) if train.checkpoint_dir else None
   batch = options.batch_size or (found or {}).get('batch')
@@ -137,16 +137,16 @@ def _compile(program, w, cfg, options, memory, batch, record, log):
   start = time.perf_counter()
   try:
     if batch is not None:
-      compiled = program.compile(bench.examples_for(w, cfg, batch))
+      compiled = program.compile(run_record.examples_for(w, cfg, batch))
       record['search'] = {'mode': 'fixed'}
     else:
-      budget, _ = bench.memory_budget(memory, bench.on_gpu())
+      budget, _ = run_record.memory_budget(memory, run_record.on_gpu())
       found = search.find_max_batch(
         program,
         budget,
         options.max_examples,
         options.verify_predicted_oom,
-        on_trial=lambda t: log(bench.trial_line(w, t)),
+        on_trial=lambda t: log(search_log.trial_line(w, t)),
         tolerance=options.search_tolerance,
       )
       record['search'] = {'mode': 'search', 'trials': len(found.trials)}
