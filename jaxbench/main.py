@@ -12,6 +12,11 @@ import functools
 import os
 import sys
 
+from jaxbench.core import interrupt
+
+if __name__ == '__main__':  # before the imports below, which take a second on a slow machine
+  interrupt.exit_while_loading('jaxbench')
+
 from absl import app, flags
 
 from flags import advanced as advanced_flags  # noqa: F401  (defines the advanced flags)
@@ -23,7 +28,6 @@ from flags import store as store_flags
 from flags import sweep as sweep_flags
 from flags import train as train_flags
 from jaxbench import cli
-from jaxbench.core import interrupt
 from jaxbench.results import store
 
 # Intentionally kept short: the flags are read once, into cli.Args, and the work dispatched.

@@ -10,6 +10,8 @@ places in a run's first seconds cannot take it:
 - JAX's start of its PJRT plugins (xla_bridge.discover_pjrt_plugins, where the CUDA plugin loads
   its libraries) calls each plugin's initialize() under a bare `except:`, which logs a
   KeyboardInterrupt as a plugin error and goes on.
+Before any of that, while the command's own modules load, exit_while_loading() ends the process
+at once: nothing has been written yet, and an import cut short is never used.
 install() puts in a handler that raises KeyboardInterrupt as Python's own does, except in those
 places: there it sends the SIGINT again a moment later, until the collection, the import or the
 plugins' start is over, so that it is raised in the run's own code. A flag checked at chosen
@@ -53,10 +55,29 @@ def _on_sigint(signum, frame) -> None:
   raise KeyboardInterrupt
 
 
-def install() -> None:
-  """Put in the handler above, where SIGINT has Python's own (a process started with SIGINT
-  ignored, e.g. in the background of a script, keeps it ignored)."""
+def _exit_on_sigint(signum, frame) -> None:
+  del signum, frame
+  os.write(2, f'{_loading_prog}: interrupted\n'.encode())
+  os._exit(130)  # pylint: disable=protected-access
+
+
+_loading_prog = ''
+
+
+def exit_while_loading(prog: str) -> None:
+  """Until install(): a SIGINT ends the process with status 130 and '<prog>: interrupted' on
+  stderr, without a traceback. For a command's first lines, before its module-level imports
+  (absl's, the flag modules'), which run before install() can be reached."""
+  global _loading_prog
+  _loading_prog = prog
   if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _exit_on_sigint)
+
+
+def install() -> None:
+  """Put in the handler above, where SIGINT has Python's own or exit_while_loading's (a process
+  started with SIGINT ignored, e.g. in the background of a script, keeps it ignored)."""
+  if signal.getsignal(signal.SIGINT) in (signal.default_int_handler, _exit_on_sigint):
     signal.signal(signal.SIGINT, _on_sigint)
 
 
