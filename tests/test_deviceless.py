@@ -83,6 +83,24 @@ def test_without_the_cuda_plugin_the_command_says_so_in_one_line(tmp_path):
   assert 'Traceback' not in r.stderr and not out.exists()
 
 
+def test_prepare_holds_jax_to_the_cpu_when_jax_was_imported_first():
+  """A run imports JAX (jaxbench.core.mesh) before it prepares a deviceless compile; JAX read
+  JAX_PLATFORMS then, so prepare must set its config too, or the CUDA plugin starts (and on a
+  host without a GPU fails, losing the target)."""
+  code = (
+    'import os, jax\n'
+    'from jaxbench.core import mesh\n'
+    'from jaxbench.cards import deviceless\n'
+    'deviceless.prepare()\n'
+    'print(jax.config.jax_platforms, os.environ["JAX_PLATFORMS"])\n'
+  )
+  env = {k: v for k, v in os.environ.items() if k != 'JAX_PLATFORMS'}
+  done = subprocess.run(
+    [sys.executable, '-c', code], env=env, capture_output=True, text=True, timeout=120
+  )
+  assert done.stdout.split() == ['cpu', 'cpu'], done.stderr[-2000:]
+
+
 def test_a_step_compiles_for_the_h200_without_one():
   target = _cuda_target()
   if target is None:

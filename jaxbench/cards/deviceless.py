@@ -32,8 +32,15 @@ def check(name: str) -> str:
 
 
 def prepare() -> None:
-  """Before the backend starts: the host runs on its CPU (the GPU exists only as a target)."""
+  """Before the backend starts: the host runs on its CPU (the GPU exists only as a target).
+
+  Through JAX's config as well as the environment: JAX reads JAX_PLATFORMS once, when it is
+  imported, and a run imports it before this (jaxbench.core.mesh). Without it JAX's CUDA plugin
+  checks the CUDA driver as it starts, fails on a host without a GPU, and the target is lost."""
   os.environ['JAX_PLATFORMS'] = 'cpu'
+  import jax  # pylint: disable=g-import-not-at-top
+
+  jax.config.update('jax_platforms', 'cpu')
 
 
 def device(name: str) -> Any:
