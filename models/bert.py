@@ -10,6 +10,7 @@ import optax
 
 from models import transformer
 from models import workload as wl
+from models.layers import attention as attention_layers
 from models.layers import embed as embed_layers
 
 LN_EPS = 1e-12  # BERT's LayerNorm epsilon
@@ -55,6 +56,7 @@ class BertEncoder(nn.Module):
         ffn=cfg['ffn'],
         dropout=cfg['dropout'],
         attention_dropout=cfg['dropout'],
+        attention_probs=cfg['attention_probs'],
         activation=gelu,
         ln_eps=LN_EPS,
         dtype=self.dtype,
@@ -182,6 +184,7 @@ BERT_BASE_CONFIG = dict(
   max_positions=512,
   type_vocab=2,
   dropout=0.1,
+  attention_probs='saved',  # models/layers/attention.PROBS
   seq_len=128,
   masked=20,
   lr=1e-4,
@@ -190,7 +193,11 @@ BERT_BASE_CONFIG = dict(
 )
 # What the keys accept beyond their type's range (workload.Key), and together.
 ENCODER_SPEC = dict(
-  vocab=wl.Key(lo=2), type_vocab=wl.Key(lo=2), dropout=wl.FRACTION, warmup=wl.NATURAL
+  vocab=wl.Key(lo=2),
+  type_vocab=wl.Key(lo=2),
+  dropout=wl.FRACTION,
+  warmup=wl.NATURAL,
+  attention_probs=wl.Key(choices=attention_layers.PROBS),
 )
 
 

@@ -43,11 +43,12 @@ class PostLNLayer(nn.Module):
   activation: Callable[[jax.Array], jax.Array] = nn.relu
   cross_attention: bool = False
   ln_eps: float = 1e-5
+  attention_probs: str = 'saved'  # attention_layers.PROBS
   dtype: Any = jnp.float32
 
   def _attend(self, name, q_in, kv_in, mask, train):
     attention = attention_layers.multi_head(
-      self.heads, self.attention_dropout, train, self.dtype, name=name
+      self.heads, self.attention_dropout, train, self.dtype, name=name, probs=self.attention_probs
     )
     return attention(q_in, kv_in, mask=mask)
 
@@ -92,7 +93,12 @@ class TransformerBig(nn.Module):
     )
     drop = nn.Dropout(cfg['dropout'], deterministic=not train)
     layer = functools.partial(
-      PostLNLayer, heads=cfg['heads'], ffn=cfg['ffn'], dropout=cfg['dropout'], dtype=self.dtype
+      PostLNLayer,
+      heads=cfg['heads'],
+      ffn=cfg['ffn'],
+      dropout=cfg['dropout'],
+      attention_probs=cfg['attention_probs'],
+      dtype=self.dtype,
     )
 
     def embed_tokens(tokens_BxL):
@@ -217,6 +223,7 @@ TRANSFORMER_BIG = wl.Workload(
     encoder_layers=6,
     decoder_layers=6,
     dropout=0.3,
+    attention_probs='saved',  # models/layers/attention.PROBS
     label_smoothing=0.1,
     lr=1e-3,
     warmup=4000,
@@ -238,7 +245,12 @@ TRANSFORMER_BIG = wl.Workload(
     tgt_len=8,
     dropout=0.1,
   ),
-  spec=dict(vocab=wl.Key(lo=2), dropout=wl.FRACTION, label_smoothing=wl.FRACTION),
+  spec=dict(
+    vocab=wl.Key(lo=2),
+    dropout=wl.FRACTION,
+    label_smoothing=wl.FRACTION,
+    attention_probs=wl.Key(choices=attention_layers.PROBS),
+  ),
   check=check,
   trainer=trainer,
   flops_per_example=flops_per_example,

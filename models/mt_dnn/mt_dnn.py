@@ -277,6 +277,7 @@ MT_DNN_CONFIG = dict(
   max_positions=512,
   type_vocab=2,
   dropout=0.1,
+  attention_probs='saved',  # models/layers/attention.PROBS
   seq_len=512,
   turns=5,
   mem_drop=0.1,

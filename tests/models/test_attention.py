@@ -43,3 +43,59 @@ def test_dropout_masks_differ_across_sequences_and_heads():
   out = _twin_heads_output(train=True)
   assert not np.allclose(out[0], out[1])  # another mask for each sequence
   assert not np.allclose(out[:, :, 0], out[:, :, 1])  # and for each head of a sequence
+
+
+def _layers_loss(probs, length=LENGTH, layers=2):
+  """A loss over attention layers in training (dropout on), as a function of (params, x)."""
+  width = HEADS * HEAD_DIM
+  module = attention.multi_head(HEADS, 0.3, True, probs=probs)
+  x = jax.random.normal(jax.random.key(0), (BATCH, length, width))
+  params = module.init({'params': jax.random.key(1)}, x, x)['params']
+  mask = jnp.tril(jnp.ones((BATCH, 1, length, length), bool))
+
+  def loss(params, x):
+    for i in range(layers):
+      rngs = {'dropout': jax.random.key(2 + i)}
+      x = module.apply({'params': params}, x, x, mask=mask, rngs=rngs)
+    return jnp.sum(jnp.sin(x))
+
+  return loss, params, x
+
+
+def test_recomputed_probabilities_give_the_saved_ones_values_and_gradients():
+  saved, params, x = _layers_loss('saved')
+  recomputed, _, _ = _layers_loss('recomputed')
+  want = jax.value_and_grad(saved, argnums=(0, 1))(params, x)
+  got = jax.value_and_grad(recomputed, argnums=(0, 1))(params, x)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_recomputed_probabilities_are_not_kept_for_the_backward_pass():
+  """What the backward pass reads from the forward (jax.vjp's residuals): each layer's L x L
+  arrays in the saved form (the scores, the probabilities, the dropped ones, the mask), none in
+  the recomputed form."""
+  layers, length = 3, 8  # no other array ends in [8, 8]
+
+  def per_head_arrays(probs):
+    loss, params, x = _layers_loss(probs, length, layers)
+    _, backward = jax.vjp(loss, params, x)  # a pytree whose leaves are the residuals
+    return [a for a in jax.tree.leaves(backward) if a.shape == (BATCH, HEADS, length, length)]
+
+  assert len(per_head_arrays('saved')) >= 3 * layers
+  assert per_head_arrays('recomputed') == []
+
+
+def test_attention_probs_is_a_config_key_of_the_attention_workloads():
+  from models import registry  # pylint: disable=g-import-not-at-top
+
+  for name in ('bert_base', 'bert_squad', 'mt_dnn', 'transformer_big'):
+    w = registry.get(name)
+    assert w.resolve(tiny=True)['attention_probs'] == 'saved'
+    assert w.resolve(tiny=True, overrides={'attention_probs': 'recomputed'})
+    try:
+      w.resolve(tiny=True, overrides={'attention_probs': 'fused'})
+    except ValueError as e:
+      assert 'must be one of saved, recomputed' in str(e)
+    else:
+      raise AssertionError(f'{name} took attention_probs=fused')
