@@ -24,6 +24,7 @@ def _result(workload, gpu, max_batch, units_per_s=None, mode='run', status='ok',
     'schema': 'jaxbench.result/1',
     'mode': mode,
     'workload': workload,
+    'workload_revision': registry.get(workload).revision,  # today's program
     'precision': precision,
     'tiny': False,
     'overrides': [],
@@ -179,6 +180,19 @@ def test_a_retried_cell_shows_its_latest_result():
   retried = FIXTURE + [_result('mt_dnn', 'rtx_2060', 1, 3.0)]
   t = render.build_tables(tables.collect(retried), 'quadro_rtx_8000')['max_batch']
   assert _rows(t, 'mt_dnn')['emulated fp32'][0] == '1'
+
+
+def test_a_result_of_an_earlier_revision_is_a_row_that_names_it():
+  w = registry.get('mask_rcnn')
+  assert w.revision > 1
+  old = {**_result('mask_rcnn', 'rtx_2060', 1, mode='predict'), 'workload_revision': 1}
+  new = _result('mask_rcnn', 'titan_rtx', 9, mode='predict')
+  data = tables.collect(FIXTURE + [old, new])
+  rows = _rows(render.build_tables(data, 'quadro_rtx_8000')['max_batch'], 'mask_rcnn')
+  assert rows['predicted fp32, revision 1'][0] == '1'
+  assert rows['predicted fp32'][5] == '9'  # the Titan RTX column
+  assert any(', revision N' in note for note in render.cards_notes(data))
+  assert not any(', revision N' in note for note in render.cards_notes(tables.collect(FIXTURE)))
 
 
 @pytest.mark.slow

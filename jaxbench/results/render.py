@@ -91,6 +91,12 @@ def cards_notes(data: tables.Data) -> list[str]:
     '(emulated, predicted, deviceless) and precision, then each of ours over the published one.'
   )
   notes.append(published.precision_note())
+  if any(tables.has_earlier_revision(s) for w in data.workloads for s in data.sources[w]):
+    notes.append(
+      'A row whose source ends in ", revision N" ran or compiled revision N of the workload, an '
+      'earlier program than today\'s (docs/workloads.md says what changed); a row without it, '
+      'today\'s.'
+    )
   if any(w in published.SWAPPED for w in data.workloads):
     notes.append(tables.SWAP_MARK.strip() + ' ' + published.SWAP_NOTE)
   return notes

@@ -14,6 +14,7 @@ from typing import Any
 
 from jaxbench.cards import catalog
 from jaxbench.results import published, store
+from models import registry
 
 PUBLISHED = '2020 published'
 SWAP_MARK = ' †'
@@ -78,7 +79,22 @@ def source_label(record: dict[str, Any]) -> str:
       ''.join(f' {k}={v}' for k, v in record.get('overrides') or []),
     ]
   )
-  return f"{kind} {record['precision']}{extra}"
+  return f"{kind} {record['precision']}{extra}{_earlier_revision(record)}"
+
+
+def _earlier_revision(record: dict[str, Any]) -> str:
+  """', revision N' where the record ran or compiled an earlier revision of its workload than
+  today's (a different program: docs/workloads.md says what changed), else ''."""
+  try:
+    today = registry.get(record.get('workload', '')).revision
+  except KeyError:
+    return ''
+  rev = store.revision(record)
+  return f', revision {rev}' if rev != today else ''
+
+
+def has_earlier_revision(source: str) -> bool:
+  return ', revision ' in source
 
 
 def kind_of(source: str) -> str:
