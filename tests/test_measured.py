@@ -271,6 +271,21 @@ def test_the_latest_run_of_a_row_wins_and_rows_keep_the_tables_order(toy):
   )
 
 
+def test_the_default_configuration_speaks_even_when_a_set_names_it(toy):
+  fixed = {'search': {'mode': 'fixed', 'trials': []}, 'max_batch': 32}
+  named_default = _run(**fixed, overrides=[['resample', 'phases']])
+  other = _run(
+    **fixed,
+    overrides=[['resample', 'shifts']],
+    config={**_run()['config'], 'resample': 'shifts'},
+    timestamp='2026-12-02T00:00:00+00:00',  # later, yet not today's default program
+  )
+  assert commands.default_config(named_default) and not commands.default_config(other)
+  t, rest = measured.table([named_default, other]), measured.others([named_default, other])
+  assert '--set=resample=phases' in t.rows[0][10]
+  assert [r[10] for r in rest.rows] == [commands.command_of(other)]
+
+
 def test_one_example_is_singular_and_figures_keep_their_digits(toy):
   t = measured.table(
     [_run(max_batch=1, measurement={**_run()['measurement'], 'units_per_s': 1.66})]

@@ -60,6 +60,35 @@ def test_a_fixed_batch_pairs_only_with_a_pytorch_run_of_the_same_batch(toy):  # 
   assert row['form'] == ''  # the command runs the recorded program today
 
 
+def test_a_jax_run_with_an_override_pairs_with_no_pytorch_run(toy):  # noqa: F811
+  # A later JAX run of another program (a --set override) must not replace the JAX side of the
+  # row its peer's run pairs with.
+  results = [
+    jax_run(1500.0, search=FIXED, max_batch=64, timestamp='2026-12-01T00:00:00+00:00'),
+    jax_run(
+      1300.0,
+      search=FIXED,
+      max_batch=64,
+      overrides=[['resample', 'shifts']],
+      config={**test_measured._run()['config'], 'resample': 'shifts'},
+      timestamp='2026-12-02T00:00:00+00:00',
+    ),
+    torch_run(1200.0, search=FIXED, max_batch=64),
+  ]
+  t = side_by_side.table(results)
+  assert len(t.rows) == 1
+  assert cells(t)['JAX'] == '1,500.0 images/s'
+  # A --set that names the default value runs the same program: it pairs, and being later, wins.
+  named = jax_run(
+    1400.0,
+    search=FIXED,
+    max_batch=64,
+    overrides=[['resample', 'phases']],
+    timestamp='2026-12-03T00:00:00+00:00',
+  )
+  assert cells(side_by_side.table([*results, named]))['JAX'] == '1,400.0 images/s'
+
+
 def test_a_jax_run_of_an_earlier_revision_says_so(toy):  # noqa: F811
   results = [
     jax_run(search=FIXED, max_batch=64, workload_revision=1),

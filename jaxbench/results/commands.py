@@ -62,6 +62,27 @@ def _today(r: dict[str, Any]):
   return w, list(sets.items()), _plain(w.resolve(tiny, sets))
 
 
+def default_config(r: dict[str, Any]) -> bool:
+  """Whether the run trained today's workload as it comes: its configuration is the preset's
+  default, whether or not a --set named a default value."""
+  w = _workload(r['workload'])
+  if w is None:
+    return False
+  default = _accepted(w, bool(r.get('tiny')), {})
+  return default is not None and _plain(default) == _plain(r.get('config') or {})
+
+
+def changing_sets(r: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+  """The run's --set pairs less those that name the default value (which change no program)."""
+  w = _workload(r['workload'])
+  sets = tuple((str(k), str(v)) for k, v in r.get('overrides') or ())
+  if w is None:
+    return sets
+  tiny = bool(r.get('tiny'))
+  default = _accepted(w, tiny, {})
+  return tuple(kv for kv in sets if default is None or _accepted(w, tiny, dict([kv])) != default)
+
+
 def earlier_form(r: dict[str, Any]) -> str | None:
   """What the recorded program had that today's workload, under command_of's --set flags, does
   not: another revision, config keys today's workload lacks or values it no longer takes.

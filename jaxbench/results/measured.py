@@ -173,12 +173,12 @@ def row(r: dict[str, Any]) -> list[str]:
 
 def _rank(r: dict[str, Any]) -> tuple:
   """Which run speaks for its workload, precision and memory: a search before a fixed batch (which
-  speaks only where no search ran), then today's program, its default configuration (a command
-  without --set), XLA's own autotuning, and the latest."""
+  speaks only where no search ran), then today's program, its default configuration (a --set
+  that names a default value changes nothing), XLA's own autotuning, and the latest."""
   return (
     not is_fixed(r),
     commands.earlier_form(r) is None,
-    '--set=' not in commands.command_of(r),
+    commands.default_config(r),
     records.autotune_level(r) is None,
     r.get('timestamp', ''),
   )

@@ -49,13 +49,16 @@ def side(r: dict[str, Any]) -> str:
 
 
 def key(r: dict[str, Any]) -> tuple:
-  """What the sides of a row share: the GPU, workload, precision, preset, memory, devices and
-  batch (a fixed one; None for a max-batch search)."""
+  """What the sides of a row share: the GPU, workload, precision, preset, `--set` overrides,
+  memory, devices and batch (a fixed one; None for a max-batch search). A JAX run with an override
+  that changes its program (such as attention_probs=recomputed) pairs with no PyTorch run; one that
+  names a default value changes nothing."""
   return (
     (r.get('device') or {}).get('kind'),
     r['workload'],
     r['precision'],
     bool(r.get('tiny')),
+    commands.changing_sets(r),
     measured.memory_of(r),
     measured.devices_of(r),
     r['max_batch'] if measured.is_fixed(r) else None,
