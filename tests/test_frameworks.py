@@ -1,7 +1,12 @@
 """--frameworks: each framework in a fresh process, printed side by side with the ratios."""
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -305,6 +310,77 @@ def test_both_frameworks_run_in_their_own_processes_and_print_the_ratio(tmp_path
   assert row[5] == '1.00x' and row[8] == f'{jax_rate / torch_rate:.2f}x', r.stdout
   # Each framework ran in a child of its own: the progress names both commands.
   assert '--framework=jax' in r.stderr and '--framework=pytorch' in r.stderr
+
+
+# In every process of the command: a JAX run's first steps write its process id to HANG_MARK and
+# then hang, as a long compile or step would.
+HANG_SITE = (
+  'import os, time',
+  'from jaxbench.core import program',
+  'def _hang(self, compiled, steps):',
+  '  with open(os.environ["HANG_MARK"] + ".tmp", "w") as f: f.write(str(os.getpid()))',
+  '  os.replace(os.environ["HANG_MARK"] + ".tmp", os.environ["HANG_MARK"])',
+  '  time.sleep(600)',
+  'program.Program._run = _hang',
+)
+
+
+def _hanging_comparison(tmp_path, out):
+  mark = tmp_path / 'child.pid'
+  env = {**harness.site(tmp_path, *harness.TOY_SITE, *HANG_SITE), 'HANG_MARK': str(mark)}
+  args = ['--model=bert_base', '--frameworks=jax,pytorch', '--tiny', '--batch_size=2']
+  proc = subprocess.Popen(
+    [sys.executable, '-m', 'jaxbench.main', *args, f'--output={out}'],
+    cwd=ROOT,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  deadline = time.monotonic() + 240
+  while not mark.exists():
+    assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+    time.sleep(0.1)
+  return proc, int(mark.read_text())
+
+
+def _gone(pid: int) -> bool:
+  try:
+    with open(f'/proc/{pid}/stat', encoding='ascii') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] in 'ZX'  # ended, not yet reaped
+  except FileNotFoundError:
+    return True
+
+
+@pytest.mark.slow
+def test_a_ctrl_c_stops_the_running_child_which_keeps_its_result_and_no_other_starts(tmp_path):
+  out = tmp_path / 'all.jsonl'
+  proc, child = _hanging_comparison(tmp_path, out)
+  proc.send_signal(signal.SIGINT)  # a Ctrl-C at the terminal reaches the command only
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err
+  assert err.splitlines()[-1] == 'jaxbench: interrupted', err
+  assert '--framework=pytorch' not in err  # the next child never started
+  (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+  assert (record['framework'], record['status']) == ('jax', 'interrupted')
+  assert _gone(child)
+
+
+@pytest.mark.slow
+def test_a_child_dies_with_its_command(tmp_path):
+  proc, child = _hanging_comparison(tmp_path, tmp_path / 'all.jsonl')
+  proc.kill()  # no moment to act: the child must not go on holding the GPU
+  proc.wait()  # not communicate(): a child still alive would hold its stderr open
+  deadline = time.monotonic() + 30
+  try:
+    while not _gone(child):
+      assert time.monotonic() < deadline, f'child {child} outlived its command'
+      time.sleep(0.1)
+  finally:
+    if not _gone(child):
+      os.kill(child, signal.SIGKILL)
+    proc.stdout.close()
+    proc.stderr.close()
 
 
 @pytest.fixture

@@ -42,15 +42,15 @@ def launch(
       stderr=subprocess.STDOUT,
       env=env,
       start_new_session=True,
-      preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+      preexec_fn=functools.partial(die_with_parent, os.getpid()),
     )
-    rc, error, interrupted = _wait(proc, timeout_s)
+    rc, error, interrupted = wait(proc, timeout_s)
   if error is None:
     error = (f'killed by signal {-rc}' if rc < 0 else f'exit status {rc}') + ' without a result'
   return Ended(error, interrupted, log_path, offset)
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
   """In the child, before exec: be killed when the sweep dies, so no cell outlives it.
 
   A sweep killed between the fork and this call leaves no one to signal the child: the child
@@ -64,7 +64,7 @@ def _die_with_parent(parent: int) -> None:
     os._exit(1)  # pylint: disable=protected-access
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float) -> tuple[int, str | None, bool]:
+def wait(proc: subprocess.Popen, timeout_s: float | None) -> tuple[int, str | None, bool]:
   """The cell's exit status, why it ended without one of its own (None), and whether the sweep
   was interrupted (Ctrl-C, SIGINT) meanwhile: then the cell gets the SIGINT too (started with
   setsid, it is out of the terminal's reach), to write its result so far, and is killed

@@ -12,6 +12,7 @@ of the two. With --output every record goes there, each child's in turn.
 """
 
 import dataclasses
+import functools
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import tempfile
 from typing import Callable, Iterable
 
 from jaxbench import cli
+from jaxbench.cards import supervisor
 from jaxbench.core import backend
 from jaxbench.pytorch import usage
 from jaxbench.results import records, store
@@ -172,25 +174,43 @@ def main(a: cli.Args, fail: Callable[[str], None], argv: list[str] | None = None
   argv = sys.argv[1:] if argv is None else argv
   try:
     with store.Lock(a.output, shared=True):  # not beside a sweep on the same store
-      status, results = _run_each(a, kids, argv, env)
+      status, results, interrupted = _run_each(a, kids, argv, env)
   except store.Busy as e:
     fail(f'--output: {e}')
   print()
   print(records.side_by_side(results))
+  if interrupted:
+    print('jaxbench: interrupted', file=sys.stderr)
+    return 130
   return status
 
 
 def _run_each(a: cli.Args, kids: list[Child], argv: list[str], env: dict[str, str]):
-  """Each child in turn: the worst exit status, and every record they wrote."""
+  """Each child in turn: the worst exit status, every record they wrote, and whether a Ctrl-C
+  stopped them.
+
+  A child runs in a session of its own and dies with this process (as a sweep's cells do), so
+  that none outlives the command holding the GPU. A Ctrl-C (SIGINT) here is passed to the
+  running child, which writes its result so far ('interrupted'); the children after it do not
+  start."""
   status, results = 0, []
   for kid in kids:
     with tempfile.TemporaryDirectory(prefix='jaxbench-') as tmp:
-      path = os.path.join(tmp, 'child.jsonl')
+      path, table = os.path.join(tmp, 'child.jsonl'), os.path.join(tmp, 'child.out')
       cmd = [sys.executable, '-m', 'jaxbench.main', *child_args(argv, kid, path, a.tiny)]
       print(f'jaxbench: {kid.name}: {" ".join(cmd[1:])}', file=sys.stderr, flush=True)
-      proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True, check=False)
-      sys.stderr.write(proc.stdout)  # the child's own table: progress, here
-      status = max(status, proc.returncode)
+      with open(table, 'w+', encoding='utf-8') as out:
+        proc = subprocess.Popen(
+          cmd,
+          env=env,
+          stdout=out,
+          start_new_session=True,
+          preexec_fn=functools.partial(supervisor.die_with_parent, os.getpid()),
+        )
+        returncode, _, interrupted = supervisor.wait(proc, None)
+        out.seek(0)
+        sys.stderr.write(out.read())  # the child's own table: progress, here
+      status = max(status, returncode)
       produced, warning = store.read(path)
       if warning:
         print(warning, file=sys.stderr)
@@ -198,4 +218,6 @@ def _run_each(a: cli.Args, kids: list[Child], argv: list[str], env: dict[str, st
         results.append(r)
         if a.output:
           records.append_jsonl(a.output, r)
-  return status, results
+    if interrupted:
+      return status, results, True
+  return status, results, False
