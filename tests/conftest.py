@@ -1,6 +1,8 @@
 """Test-wide settings: tests check behaviour at tiny shapes, so compile fast rather than well."""
 
 import os
+import shutil
+import tempfile
 
 import pytest
 
@@ -11,6 +13,21 @@ if 'xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
     os.environ.get('XLA_FLAGS', '') + ' --xla_backend_optimization_level=0'
   ).strip()
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+
+# Many tests compile the same tiny programs: a workload's step in several test files, and the
+# same --tiny run in each process a CLI test starts. One persistent compilation cache for the
+# whole run, made here by the first process to import this file (pytest's, before it starts its
+# xdist workers and they their jaxbench processes, all of which inherit the variable), compiles
+# each once. Tests of the cache itself pass --compilation_cache_dir, which takes precedence.
+_OWN_CACHE = 'JAX_COMPILATION_CACHE_DIR' not in os.environ
+if _OWN_CACHE:
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='jaxbench-tests-cache-')
+  os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
+
+
+def pytest_unconfigure(config):
+  if _OWN_CACHE and not os.environ.get('PYTEST_XDIST_WORKER'):
+    shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
 
 
 @pytest.fixture

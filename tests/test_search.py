@@ -492,7 +492,9 @@ def test_a_resumed_search_in_bench_records_where_each_trial_came_from(tmp_path, 
     'by_forecast': 0,  # every forecast of the first run is one of its decided trials
     'runs': [first['timestamp']],
   }
-  assert second['search']['compiles'] == 1  # the max, compiled again to be timed
+  # The max, built again to be timed: compiled, or loaded where the test run's compilation cache
+  # holds it (tests/conftest.py).
+  assert second['search']['compiles'] + second['search']['cache_loads'] == 1
   earlier = [t for t in second['search']['trials'] if t['earlier']]
   assert {t['examples'] for t in earlier} == {t['examples'] for t in first['search']['trials']}
   assert lines[0].startswith('  bert_base: resumed from ')
@@ -539,7 +541,8 @@ def test_a_search_that_runs_only_its_max_on_the_tiny_transformer(plain_bert_sear
   assert lazy['search']['run_every_fit'] is False and every['search']['run_every_fit'] is True
   ran = [t for t in lazy['search']['trials'] if t['run_s'] is not None]
   assert [(t['examples'], t['compile_s']) for t in ran] == [(lazy['max_examples'], None)]
-  assert lazy['search']['compiles'] == every['search']['compiles']
+  built = lambda r: r['search']['compiles'] + r['search']['cache_loads']
+  assert built(lazy) == built(every)
 
 
 def test_an_interrupted_search_counts_as_run_only_the_batches_that_ran(monkeypatch):
