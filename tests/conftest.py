@@ -26,7 +26,7 @@ if _OWN_CACHE:
 
 
 def pytest_unconfigure(config):
-  if _OWN_CACHE and not os.environ.get('PYTEST_XDIST_WORKER'):
+  if _OWN_CACHE:  # pytest's own process: its workers found the variable set
     shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
 
 
