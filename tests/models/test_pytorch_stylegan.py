@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from torch.nn import functional as F
 
 from models import precision, registry
 from models import workload as wl
@@ -301,3 +302,44 @@ def test_networks_compute_the_jax_networks_with_their_weights():
     rngs={'dropout': jax.random.key(2)},
   )
   np.testing.assert_allclose(_nhwc(got), want, rtol=1e-5, atol=1e-5)
+
+
+def _r1_weight_grad(conv, blur, x, weight):
+  """The R1 pattern: the weight gradient of |d conv(blur(x)) / dx|^2 (a second derivative)."""
+  x = x.detach().requires_grad_(True)
+  (grad_x,) = torch.autograd.grad(conv(blur(x), weight).square().sum(), x, create_graph=True)
+  return torch.autograd.grad(grad_x.square().sum(), weight)[0], grad_x
+
+
+@pytest.mark.parametrize('stride,padding,k', [(1, 1, 3), (2, 1, 4), (1, 0, 1)])
+def test_conv_and_blur_second_derivatives_equal_autograds(stride, padding, k):
+  """The hand-written derivatives (_Conv2d, _Blur) are autograd's, to the second order."""
+  x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+  weight = torch.randn(5, 3, k, k, dtype=torch.float64, requires_grad=True)
+  kernel = stylegan.Blur(3).kernel.double()
+  want = _r1_weight_grad(
+    lambda a, w: F.conv2d(a, w, stride=stride, padding=padding),
+    lambda a: F.conv2d(a, kernel, padding=1, groups=3),
+    x,
+    weight,
+  )
+  got = _r1_weight_grad(
+    lambda a, w: stylegan.conv2d(a, w, stride, padding),
+    lambda a: stylegan._Blur.apply(a, kernel),  # pylint: disable=protected-access
+    x,
+    weight,
+  )
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g.detach().numpy(), w.detach().numpy(), rtol=1e-9, atol=1e-9)
+  conv = lambda a, w: stylegan.conv2d(a, w, stride, padding)
+  assert torch.autograd.gradgradcheck(conv, (x.requires_grad_(True), weight))
+
+
+def test_conv_under_autocast_computes_in_its_dtype_and_returns_float32_gradients():
+  x, weight = torch.randn(2, 3, 8, 8), torch.randn(5, 3, 4, 4, requires_grad=True)
+  with torch.autocast('cpu', dtype=torch.bfloat16):
+    y = stylegan.conv2d(stylegan.Blur(3)(x), weight, 2, 1)
+    grad_w, _ = _r1_weight_grad(
+      lambda a, w: stylegan.conv2d(a, w, 2, 1), stylegan.Blur(3), x, weight
+    )
+  assert y.dtype == torch.bfloat16 and grad_w.dtype == torch.float32
