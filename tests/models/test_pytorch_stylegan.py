@@ -13,9 +13,9 @@ from torch.nn import functional as F
 
 from models import precision, registry
 from models import workload as wl
+from models.pytorch import gradfix, stylegan
 from models.pytorch import peer as peer_lib
 from models.pytorch import registry as peer_registry
-from models.pytorch import stylegan
 from models.stylegan import layers as jax_layers
 from models.stylegan import train as jax_train
 from models.stylegan.nets import log2_res
@@ -313,7 +313,7 @@ def _r1_weight_grad(conv, blur, x, weight):
 
 @pytest.mark.parametrize('stride,padding,k', [(1, 1, 3), (2, 1, 4), (1, 0, 1)])
 def test_conv_and_blur_second_derivatives_equal_autograds(stride, padding, k):
-  """The hand-written derivatives (_Conv2d, _Blur) are autograd's, to the second order."""
+  """models/pytorch/gradfix.py's derivatives are autograd's, to the second order."""
   x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
   weight = torch.randn(5, 3, k, k, dtype=torch.float64, requires_grad=True)
   kernel = stylegan.Blur(3).kernel.double()
@@ -324,22 +324,22 @@ def test_conv_and_blur_second_derivatives_equal_autograds(stride, padding, k):
     weight,
   )
   got = _r1_weight_grad(
-    lambda a, w: stylegan.conv2d(a, w, stride, padding),
-    lambda a: stylegan._Blur.apply(a, kernel),  # pylint: disable=protected-access
+    lambda a, w: gradfix.conv2d(a, w, stride, padding),
+    lambda a: gradfix.blur(a, kernel),
     x,
     weight,
   )
   for g, w in zip(got, want):
     np.testing.assert_allclose(g.detach().numpy(), w.detach().numpy(), rtol=1e-9, atol=1e-9)
-  conv = lambda a, w: stylegan.conv2d(a, w, stride, padding)
+  conv = lambda a, w: gradfix.conv2d(a, w, stride, padding)
   assert torch.autograd.gradgradcheck(conv, (x.requires_grad_(True), weight))
 
 
 def test_conv_under_autocast_computes_in_its_dtype_and_returns_float32_gradients():
   x, weight = torch.randn(2, 3, 8, 8), torch.randn(5, 3, 4, 4, requires_grad=True)
   with torch.autocast('cpu', dtype=torch.bfloat16):
-    y = stylegan.conv2d(stylegan.Blur(3)(x), weight, 2, 1)
+    y = gradfix.conv2d(stylegan.Blur(3)(x), weight, 2, 1)
     grad_w, _ = _r1_weight_grad(
-      lambda a, w: stylegan.conv2d(a, w, 2, 1), stylegan.Blur(3), x, weight
+      lambda a, w: gradfix.conv2d(a, w, 2, 1), stylegan.Blur(3), x, weight
     )
   assert y.dtype == torch.bfloat16 and grad_w.dtype == torch.float32
