@@ -229,12 +229,13 @@ DEEPLABV3_CONFIG = dict(
   total_steps=30000,
   momentum=0.9,
   weight_decay=4e-5,
-  # How the depthwise convolutions are computed (models/layers/depthwise.py): XLA's cuDNN
-  # grouped convolution ('cudnn') or shifted sums in XLA fusions ('shifts', nothing to autotune).
-  # On an H200 in bf16, cuDNN steps faster at 8 images (159.2 against 95.3 images/s) and slower
-  # at the full-memory 166 (103.9 against 129.2), where its autotuning makes the search 1,417 s
-  # against 213 s.
-  depthwise='cudnn',
+  # How the depthwise convolutions are computed (models/layers/depthwise.py): 'auto' is XLA's
+  # cuDNN grouped convolution, except the dilated ones (exit flow and ASPP) as shifted sums, for
+  # which cuDNN has only a slow generic kernel; 'cudnn' and 'shifts' use one form throughout. On
+  # an H200 in bf16, all-cuDNN steps faster than all-shifts at 8 images (159.2 against 95.3
+  # images/s) and slower at the full-memory 166 (103.9 against 129.2), where its autotuning makes
+  # the search 1,417 s against 213 s.
+  depthwise='auto',
 )
 DEEPLABV3_TINY = dict(
   crop=65,

@@ -41,9 +41,9 @@ def blur(x_NxHxWxC, impl='cudnn'):
 
   `impl` is one of models/layers/depthwise.py's: 'cudnn', XLA's grouped convolution, or
   'shifts', shifted copies summed one axis at a time in float32 (one elementwise fusion, nothing
-  for XLA to autotune).
+  for XLA to autotune); 'auto' is 'cudnn' for this undilated filter.
   """
-  if impl == 'cudnn':
+  if impl in ('cudnn', 'auto'):
     c = x_NxHxWxC.shape[-1]
     f = np.outer([1.0, 2.0, 1.0], [1.0, 2.0, 1.0]) / 16.0
     kernel = jnp.asarray(np.tile(f[:, :, None, None], (1, 1, 1, c)), x_NxHxWxC.dtype)

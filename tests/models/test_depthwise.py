@@ -42,6 +42,17 @@ def test_shifts_match_the_grouped_convolution_and_its_gradients(hw, k, stride, r
     np.testing.assert_allclose(a, b, atol=1e-3, rtol=1e-4)
 
 
+@pytest.mark.parametrize('rate,form', [(1, 'cudnn'), (2, 'shifts')])
+def test_auto_is_cudnn_except_for_dilated_kernels(rate, form):
+  x = jax.random.normal(jax.random.key(0), (1, 9, 9, 4))
+  kernel = jax.random.normal(jax.random.key(1), (3, 3, 1, 4))
+  lowered = lambda impl: jax.jit(
+    lambda x, k: dw.depthwise_conv(x, k, rate=rate, impl=impl)
+  ).lower(x, kernel).as_text()
+  assert lowered('auto') == lowered(form)
+  assert lowered('auto') != lowered('shifts' if form == 'cudnn' else 'cudnn')
+
+
 @pytest.mark.parametrize('impl', dw.IMPLS)
 def test_bf16_accumulates_in_float32_and_returns_bf16(impl):
   # 49 taps of 1 + 2^-7 on ones: a bf16 running sum would round the increments away.
