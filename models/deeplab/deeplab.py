@@ -269,6 +269,8 @@ DEEPLABV3 = wl.Workload(
   trainer=wl.supervised(lambda cfg, dtype: DeepLabV3Plus(cfg, dtype), make_batch, loss, optimizer),
   flops_per_example=flops_per_example,
   family='image',
+  # 2: the dilated depthwise convolutions as shifted sums (depthwise='auto').
+  revision=2,
   spec=dict(
     classes=wl.Key(lo=1, below=IGNORE_LABEL),
     # The backbone's four strides of 2 after its stem; the decoder's low-level features.

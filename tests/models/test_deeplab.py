@@ -113,14 +113,23 @@ def test_flops_match_deeplab_model_zoo():
 @pytest.mark.parametrize('impl', depthwise.IMPLS)
 def test_every_depthwise_layer_takes_the_depthwise_choice(impl, monkeypatch):
   """`depthwise` reaches all 23 depthwise convolutions (models/layers/depthwise.py, whose tests
-  compare the two forms' values and gradients at DeepLab's strides, rates and paddings)."""
+  compare the two forms' values and gradients at DeepLab's strides, rates and paddings); 'auto'
+  sends the dilated ones (the exit flow's last block and ASPP) to shifted sums."""
   calls = []
   for name in ('_grouped', '_shifted_sum'):
     form = getattr(depthwise, name)
-    monkeypatch.setattr(depthwise, name, lambda *a, f=form, n=name: calls.append(n) or f(*a))
+    monkeypatch.setattr(
+      depthwise, name, lambda *a, f=form, n=name: calls.append((n, a[4])) or f(*a)
+    )
   cfg = deeplab.DEEPLABV3.resolve(tiny=True, overrides={'depthwise': impl})
   batch = jax.eval_shape(lambda k: deeplab.make_batch(cfg, k, 2), jax.random.key(0))
   model = deeplab.DeepLabV3Plus(cfg)
   jax.eval_shape(lambda b: model.init(jax.random.key(1), b, train=False), batch)
-  form = {'cudnn': '_grouped', 'shifts': '_shifted_sum'}[impl]
-  assert calls == [form] * 23
+  assert len(calls) == 23
+  dilated = [rate > 1 for _, rate in calls]
+  assert 0 < sum(dilated) < len(calls)
+  if impl == 'auto':
+    assert [n for n, _ in calls] == ['_shifted_sum' if d else '_grouped' for d in dilated]
+  else:
+    form = {'cudnn': '_grouped', 'shifts': '_shifted_sum'}[impl]
+    assert [n for n, _ in calls] == [form] * 23
