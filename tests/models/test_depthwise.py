@@ -46,9 +46,9 @@ def test_shifts_match_the_grouped_convolution_and_its_gradients(hw, k, stride, r
 def test_auto_is_cudnn_except_for_dilated_kernels(rate, form):
   x = jax.random.normal(jax.random.key(0), (1, 9, 9, 4))
   kernel = jax.random.normal(jax.random.key(1), (3, 3, 1, 4))
-  lowered = lambda impl: jax.jit(
-    lambda x, k: dw.depthwise_conv(x, k, rate=rate, impl=impl)
-  ).lower(x, kernel).as_text()
+  lowered = lambda impl: (
+    jax.jit(lambda x, k: dw.depthwise_conv(x, k, rate=rate, impl=impl)).lower(x, kernel).as_text()
+  )
   assert lowered('auto') == lowered(form)
   assert lowered('auto') != lowered('shifts' if form == 'cudnn' else 'cudnn')
 
