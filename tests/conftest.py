@@ -21,13 +21,21 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # each once. Tests of the cache itself pass --compilation_cache_dir, which takes precedence.
 _OWN_CACHE = 'JAX_COMPILATION_CACHE_DIR' not in os.environ
 if _OWN_CACHE:
-  os.environ['JAX_COMPILATION_CACHE_DIR'] = tempfile.mkdtemp(prefix='jaxbench-tests-cache-')
+  _ROOT = tempfile.mkdtemp(prefix='jaxbench-tests-')
+  os.environ['JAX_COMPILATION_CACHE_DIR'] = os.path.join(_ROOT, 'cache')
   os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.5')
+  # The temporary files of the tests and of the libraries they call go under the same root,
+  # removed at the end: TFDS's DatasetInfo leaves a 'tmp*tfds' directory behind for every
+  # dataset a mock-data test builds.
+  os.makedirs(os.path.join(_ROOT, 'cache'))
+  os.makedirs(os.path.join(_ROOT, 'tmp'))
+  os.environ['TMPDIR'] = os.path.join(_ROOT, 'tmp')
+  tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 
 def pytest_unconfigure(config):
   if _OWN_CACHE:  # pytest's own process: its workers found the variable set
-    shutil.rmtree(os.environ['JAX_COMPILATION_CACHE_DIR'], ignore_errors=True)
+    shutil.rmtree(_ROOT, ignore_errors=True)
 
 
 @pytest.fixture

@@ -23,8 +23,8 @@ has only its generic grouped direct kernel for a dilated depthwise convolution, 
 input gradient through it as a forward convolution fused with the ReLU's mask: in a profile of
 deeplabv3 in tf32 at 16 images on an H200, its six dilated depthwise convolutions (the exit
 flow's at rate 2 and ASPP's at 6, 12 and 18, on 33x33 maps) took 52 of the step's 126 ms of
-kernel time, 5.2 to 6.6 ms for each input gradient and 1.4 to 1.7 ms for each forward pass,
-where the shifted sums read a few hundred megabytes.
+kernel time, 5.2 to 6.6 ms for each input gradient and 1.4 to 1.7 ms for each forward pass.
+With 'auto' that step ran at 184.9 images/s, against 124.3 all through cuDNN (in one run).
 
 'auto' is the default of deeplabv3, 'cudnn' that of nasnet_large (no dilated kernels), 'shifts'
 that of stylegan's blur; a workload's `depthwise` config key chooses.
