@@ -215,9 +215,6 @@ class Workload:
   # What the keys must satisfy together (heads divide the width, ...): the broken constraint
   # in words, or None. resolve checks it after each key alone.
   check: Callable[[Config], str | None] = _no_check
-  # Build the initial state op by op on the host CPU instead of as one jitted program (see
-  # program.Program.initial_state): for models whose jitted init takes minutes to compile.
-  eager_init: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, 'config', types.MappingProxyType(dict(self.config)))

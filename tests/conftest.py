@@ -30,6 +30,9 @@ if _OWN_CACHE:
   os.makedirs(os.path.join(_ROOT, 'cache'))
   os.makedirs(os.path.join(_ROOT, 'tmp'))
   os.environ['TMPDIR'] = os.path.join(_ROOT, 'tmp')
+  # A run keeps its initial state's compiled program under $XDG_CACHE_HOME/jaxbench
+  # (jaxbench/core/init_cache.py): the tests' runs keep theirs here, not in the home directory.
+  os.environ['XDG_CACHE_HOME'] = os.path.join(_ROOT, 'xdg')
   tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 

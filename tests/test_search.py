@@ -384,22 +384,70 @@ def test_a_search_stopped_by_max_examples_says_its_max_is_a_lower_bound():
   assert at_cap.max_examples == 1000 and at_cap.capped  # nothing above the cap was tried
 
 
-def test_an_eager_init_builds_the_jitted_state_once_and_every_trial_gets_a_copy():
-  """eager_init: the same initial state as the jitted init, and donation never reaches it."""
+def test_every_trial_starts_from_the_same_initial_state_built_once(tmp_path):
+  """The initial state's program is compiled once and run for each trial, whose step donates
+  what it gets; on a CPU nothing is kept in the init cache (init_cache.usable)."""
   w = transformer.TRANSFORMER_BIG
-  cfg = w.resolve(tiny=True)
-  jitted = prog.Program(w, cfg, precision.get('fp32'))
-  eager = prog.Program(dataclasses.replace(w, eager_init=True), cfg, precision.get('fp32'))
-  want, got = jitted.initial_state(), eager.initial_state()
-  assert jitted.init_s > 0 and eager.init_s > 0
-  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
-    assert a.shape == b.shape and a.dtype == b.dtype
-    assert jax.numpy.allclose(a, b, rtol=1e-5, atol=1e-6)
-  first_init_s = eager.init_s
-  compiled = eager.compile(2)
-  losses = [eager.run(compiled, 2) for _ in range(2)]  # the steps donate their state
-  assert losses[0] == losses[1]  # both trials started from the same intact initial state
-  assert eager.init_s == first_init_s  # built once
+  p = prog.Program(w, w.resolve(tiny=True), precision.get('fp32'), init_cache_dir=str(tmp_path))
+  compiled = p.compile(2)
+  losses = [p.run(compiled, 2) for _ in range(2)]
+  first_init_s = p.init_s
+  p.run(compiled, 1)
+  assert losses[0] == losses[1] and p.init_s == first_init_s > 0
+  assert p.init_cached is False and not list(tmp_path.iterdir())
+
+
+class _Lowered:
+  """What init_cache reads of a lowered program; compile() counts its calls."""
+
+  in_tree = out_tree = None
+
+  def __init__(self, text):
+    self.text, self.compiles = text, 0
+
+  def as_text(self):
+    return self.text
+
+  def compile(self):
+    self.compiles += 1
+    return f'executable of {self.text}'
+
+
+def test_the_init_cache_keeps_a_program_loads_it_later_and_replaces_what_it_cannot_load(
+  tmp_path, monkeypatch
+):
+  from jax.experimental import serialize_executable  # pylint: disable=g-import-not-at-top
+
+  from jaxbench.core import init_cache  # pylint: disable=g-import-not-at-top
+
+  def load(payload, in_tree, out_tree):
+    if not payload.startswith(b'serialized '):
+      raise ValueError('not an executable')
+    return payload.decode().replace('serialized ', 'loaded ')
+
+  monkeypatch.setattr(
+    serialize_executable, 'serialize', lambda c: (f'serialized {c}'.encode(), 0, 0)
+  )
+  monkeypatch.setattr(serialize_executable, 'deserialize_and_load', load)
+  first = _Lowered('program A')
+  assert init_cache.compile(first, str(tmp_path)) == ('executable of program A', False)
+  (entry,) = tmp_path.iterdir()  # one entry, written whole (no temporary file left)
+  later = _Lowered('program A')
+  assert init_cache.compile(later, str(tmp_path)) == ('loaded executable of program A', True)
+  assert later.compiles == 0
+  other = _Lowered('program B')  # another program: another key
+  assert init_cache.compile(other, str(tmp_path))[1] is False and len(list(tmp_path.iterdir())) == 2
+  entry.write_bytes(b'garbage')
+  again = _Lowered('program A')
+  assert init_cache.compile(again, str(tmp_path)) == ('executable of program A', False)
+  assert entry.read_bytes() == b'serialized executable of program A'
+  assert init_cache.compile(_Lowered('program A'), None) == ('executable of program A', False)
+  unwritable = tmp_path / 'file'
+  unwritable.write_text('')
+  assert init_cache.compile(_Lowered('program C'), str(unwritable)) == (
+    'executable of program C',
+    False,
+  )
 
 
 def _earlier(n, outcome, peak, when='2026-12-01T04:52:30+00:00'):

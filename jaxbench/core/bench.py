@@ -5,7 +5,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxbench import cli
-from jaxbench.core import backend, find, mesh, run_record, scaling, timing
+from jaxbench.core import backend, find, init_cache, mesh, run_record, scaling, timing
 from jaxbench.core import program as prog
 from jaxbench.core import progress as display
 from models import precision
@@ -103,7 +103,9 @@ def run(
 def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dict[str, Any]:
   """The body of run(), reporting its phase and trials to `progress` as it goes."""
   layout = mesh.Layout.local(opts.devices, opts.shard_optimizer)
-  program = prog.Program(w, cfg, policy, seed=opts.seed, layout=layout)
+  program = prog.Program(
+    w, cfg, policy, seed=opts.seed, layout=layout, init_cache_dir=init_cache.default_dir()
+  )
   result['params'] = program.param_counts()
   result['parallel'] = layout.topology()
   progress.set_phase('searching' if opts.batch_size is None else 'compiling the fixed batch')

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxbench.core import mesh
+from jaxbench.core import init_cache, mesh
 from models import precision
 from models import workload as wl
 
@@ -93,11 +93,15 @@ class Program:
     seed: int = 0,
     target: Any = None,
     layout: mesh.Layout | None = None,
+    init_cache_dir: str | None = None,
   ):
     """`target`: a device to compile for without running (jaxbench.cards.deviceless), or None.
 
     `layout`: the mesh to train data-parallel on (mesh.py); then `n`, in compile and
     materialize, is the examples per device, and the batch holds n x layout.size.
+
+    `init_cache_dir`: where the initial state's compiled program is kept between runs
+    (init_cache.py; on one GPU), or None to compile it every run.
     """
     self.workload, self.cfg, self.policy = workload, cfg, policy
     self.target, self.layout = target, layout
@@ -116,8 +120,11 @@ class Program:
       self.trainer.init, **({} if layout is None else {'out_shardings': self._state_shardings})
     )
     self._batch = functools.cache(self._batch_fn)
-    self._host_state = None  # workload.eager_init: the initial state in host memory
+    keep = layout is None and target is None and init_cache.usable()
+    self._init_cache_dir = init_cache_dir if keep else None
+    self._init_executable = None
     self.init_s: float | None = None  # the first initialization's seconds, compile included
+    self.init_cached: bool | None = None  # whether its program was loaded from init_cache_dir
     # XLA options for this program's compiles only (DebugOptions fields, as XLA_FLAGS names them
     # without the dashes); None: the process's XLA_FLAGS alone.
     self.compiler_options: dict[str, Any] | None = None
@@ -191,28 +198,17 @@ class Program:
       return self._step.lower(*args).compile(compiler_options=self.compiler_options)
 
   def initial_state(self):
-    """A fresh initial training state on the device (the step donates it)."""
-    if not self.workload.eager_init:
-      start = time.perf_counter()
+    """A fresh initial training state on the device (the step donates it), from one program
+    compiled (or loaded) at the first call and run at every call."""
+    start = time.perf_counter()
+    if self._init_executable is None:
       with threefry_as_kernels():
-        state = jax.block_until_ready(self._init(self.rng))
-      if self.init_s is None:
-        self.init_s = time.perf_counter() - start
-      return state
-    # Jitted, an initialization is one program with a kernel per parameter initializer,
-    # and nasnet_large's thousand took 225 s to compile on a 2-core CPU (its first trial
-    # on the H200: 335 s, mostly this). Op by op on the CPU, initializers of one shape
-    # share a compiled op: 54 s there (but 16 s against 7 s jitted for tiny BERT, so
-    # only where a workload asks). Built once; each trial copies it to the device.
-    if self._host_state is None:
-      cpu = jax.local_devices(backend='cpu')[0]
-      start = time.perf_counter()
-      with jax.default_device(cpu):
-        state = self.trainer.init(jax.device_put(self.rng, cpu))
-      self._host_state = jax.block_until_ready(state)
+        lowered = self._init.lower(self.rng)
+      self._init_executable, self.init_cached = init_cache.compile(lowered, self._init_cache_dir)
+    state = jax.block_until_ready(self._init_executable(self.rng))
+    if self.init_s is None:
       self.init_s = time.perf_counter() - start
-    where = jax.devices()[0] if self.layout is None else self._state_shardings
-    return jax.device_put(self._host_state, where, may_alias=False)
+    return state
 
   def materialize(self, n: int):
     """A fresh state and a batch of n examples (per device; built by a jitted function, where

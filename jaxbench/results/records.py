@@ -289,7 +289,7 @@ def notes(results: Iterable[dict[str, Any]]) -> str:
       + f"; {'max-batch search' if r['search']['mode'] == 'search' else 'fixed batch'},"
       f" {len(r['search']['trials'])} trials"
       + ('' if r['search'].get('seconds') is None else f", {r['search']['seconds']:.1f} s")
-      + ('' if r.get('init_s') is None else f" (initial state built in {r['init_s']:.1f} s)")
+      + _initial_state(r)
       + '.'
     )
     if store.lower_bound(r):
@@ -302,3 +302,12 @@ def notes(results: Iterable[dict[str, Any]]) -> str:
         f"{r['workload']}: {r['error']}; the largest batch that ran: {r['max_batch']} {r['unit']}."
       )
   return '\n'.join(out)
+
+
+def _initial_state(r: dict[str, Any]) -> str:
+  """The note's words on the initial state: its seconds, and whether its program was loaded
+  from the init cache (jaxbench/core/init_cache.py)."""
+  if r.get('init_s') is None:
+    return ''
+  kept = ', its program loaded from the cache' if r.get('init_cached') else ''
+  return f" (initial state built in {r['init_s']:.1f} s{kept})"

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from jaxbench import cli
-from jaxbench.core import backend, bench, run_record, search, search_log
+from jaxbench.core import backend, bench, init_cache, run_record, search, search_log
 from jaxbench.core import program as prog
 from jaxbench.results import records as report
 from jaxbench.train import checkpoint, data, recipes, tfds_data
@@ -83,7 +83,7 @@ def run(
     + (f' at batch {batch} {w.unit}' if batch else ', at the max batch the search finds')
     + (' (tiny preset)' if options.tiny else '')
   )
-  program = prog.Program(w, cfg, policy, seed=options.seed)
+  program = prog.Program(w, cfg, policy, seed=options.seed, init_cache_dir=init_cache.default_dir())
   record['params'] = program.param_counts()
   compiled = _compile(program, w, cfg, options, memory, batch, record, log)
   if compiled is None:

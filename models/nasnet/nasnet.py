@@ -233,7 +233,4 @@ NASNET_LARGE = wl.Workload(
     depthwise=wl.Key(choices=dw.IMPLS),
   ),
   check=check,
-  # About a thousand parameter arrays: the jitted init compiles for 225 s on a 2-core CPU
-  # and takes most of a 335 s first trial on an H200; op by op on the host, 54 s.
-  eager_init=True,
 )
