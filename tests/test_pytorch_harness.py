@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import jax
 import pytest
 import torch
 
@@ -17,6 +18,7 @@ from jaxbench.pytorch import bench as torch_bench
 from jaxbench.pytorch import policy as policy_lib
 from jaxbench.pytorch import program as program_lib
 from jaxbench.pytorch import usage
+from models import precision
 from models import registry as jax_registry
 from models.pytorch import registry
 from tests import toy_peer
@@ -210,6 +212,17 @@ def test_each_precision_sets_tf32_autocast_and_the_scaler(name, tf32, dtype, sca
   assert (scaler is not None) is scaled
   if scaled:
     assert scaler.get_scale() == 2.0**15
+
+
+@pytest.mark.parametrize('name', ['transformer_big', 'bert_base'])
+def test_the_fp16_scaler_starts_and_grows_as_the_jax_workloads_loss_scale(name):
+  """transformer_big's JAX workload scales its loss as fairseq does, the others as the fp16
+  policy: the peer's gradient scaler starts at the JAX state's scale and doubles as often."""
+  w = jax_registry.get(name)
+  state = jax.jit(w.trainer(w.resolve(tiny=True), precision.get('fp16')).init)(jax.random.key(0))
+  scaler = policy_lib.scaler(policy_lib.get('fp16'), CPU, registry.get(name).loss_scale)
+  assert scaler.get_scale() == float(state.loss_scale.scale)
+  assert scaler.get_growth_interval() == state.loss_scale.growth_interval
 
 
 def test_torch_compile_wraps_each_loss_and_times_the_first_step(toy, monkeypatch):

@@ -4,16 +4,19 @@ a gradient scaler, parameters and optimizer state in float32 under every one (ma
 fp32: TF32 off for matmuls and cuDNN convolutions, no autocast. tf32: TF32 on. bf16 and fp16:
 autocast to bfloat16 or float16, TF32 on for what stays float32 (as JAX's 'default' matmul
 precision allows it on the GPU); fp16 with a gradient scaler whose settings are the JAX policy's
-dynamic loss scale (2**15, halved on overflow, doubled after 2000 finite steps). cudnn.benchmark
+dynamic loss scale (2**15, halved on overflow, doubled after 2000 finite steps, or the
+workload's own: transformer_big's is fairseq's, 2**7 and 2**14 steps). cudnn.benchmark
 is on under every policy: cuDNN times its algorithms for each new shape, as XLA autotunes.
 """
 
 import contextlib
 import dataclasses
 import functools
-from typing import Callable, ContextManager
+from typing import Callable, ContextManager, Mapping
 
 import torch
+
+from models import precision
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +56,20 @@ def autocast(policy: Policy, device: torch.device) -> Callable[[], ContextManage
   return functools.partial(torch.autocast, device_type=device.type, dtype=policy.autocast_dtype)
 
 
-def scaler(policy: Policy, device: torch.device) -> 'torch.amp.GradScaler | None':
-  """A fresh gradient scaler for fp16 (one per trial, as each trial starts a fresh state)."""
+def scaler(
+  policy: Policy, device: torch.device, loss_scale: Mapping[str, float] | None = None
+) -> 'torch.amp.GradScaler | None':
+  """A fresh gradient scaler for fp16 (one per trial, as each trial starts a fresh state):
+  the JAX policy's loss scale (models/precision.Policy), or a workload's own `loss_scale`
+  ({'init', 'window'}: its start and the finite steps between doublings)."""
   if not policy.loss_scaling:
     return None
+  default = precision.get(policy.name)
+  own = loss_scale or {}
   return torch.amp.GradScaler(
-    device.type, init_scale=2.0**15, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000
+    device.type,
+    init_scale=float(own.get('init', default.loss_scale_init)),
+    growth_factor=2.0,
+    backoff_factor=0.5,
+    growth_interval=int(own.get('window', default.loss_scale_window)),
   )

@@ -101,7 +101,7 @@ class Program:
       self.init_s = time.perf_counter() - start
     generator = torch.Generator(device=self.device).manual_seed(self.seed + 1)
     batch = self.peer.make_batch(self.cfg, n, generator, self.device)
-    live = Live(setup, batch, policy_lib.scaler(self.policy, self.device))
+    live = Live(setup, batch, policy_lib.scaler(self.policy, self.device, self.peer.loss_scale))
     if self.cpu_budget_bytes is not None:
       self.estimated_bytes = self._estimate(live)
       if self.estimated_bytes > self.cpu_budget_bytes:

@@ -73,6 +73,9 @@ class Peer:
     written by hand), for the record and the docs.
   differences: how the peer differs from the JAX workload where it must, in a few words each
     (empty: none); the tests check the parameter counts, this says why any differ.
+  loss_scale: under fp16, the gradient scaler's start and the finite steps between doublings
+    where the JAX workload's differ from the policy's (models/precision.py), as
+    {'init': ..., 'window': ...}; None: the policy's.
   """
 
   name: str
@@ -80,6 +83,7 @@ class Peer:
   make_batch: Callable[[Config, int, torch.Generator, torch.device], Batch]
   source: str
   differences: tuple[str, ...] = ()
+  loss_scale: Mapping[str, float] | None = None
 
 
 def run_updates(

@@ -175,4 +175,5 @@ TRANSFORMER_BIG = peer_lib.Peer(
   make_batch=make_batch,
   source='written from torch.nn layers (fairseq transformer_vaswani_wmt_en_de_big); '
   'attention through F.scaled_dot_product_attention',
+  loss_scale=jax_transformer.FAIRSEQ_LOSS_SCALE,
 )
