@@ -138,6 +138,25 @@ def test_a_deviceless_prediction_is_a_cell_of_its_own_with_its_own_error():
   )
 
 
+def test_a_prediction_is_checked_against_a_run_of_the_same_revision_only():
+  """A prediction of today's program beside an emulated run of an earlier revision is no error
+  of the prediction: no row; an earlier revision's pair is a row that names the revision."""
+  today = registry.get('bert_base').revision
+  old_run, new_pred, old_pred = (
+    _result('bert_base', 'rtx_2060', 8),
+    _deviceless('bert_base', 'rtx_2060', 9),
+    _result('bert_base', 'rtx_2060', 8, mode='predict'),
+  )
+  old_run['workload_revision'] = old_pred['workload_revision'] = today - 1
+  new_pred['workload_revision'] = today
+  p = render.prediction_table(tables.collect([old_run, new_pred]).records)
+  assert p.rows == []
+  p = render.prediction_table(tables.collect([old_run, new_pred, old_pred]).records)
+  assert [r[1:] for r in p.rows] == [
+    [f'fp32, revision {today - 1}', 'RTX 2060', 'on the GPU', '8', '8', '+0.0%']
+  ]
+
+
 def _trials(record, peaks, deviceless):
   record.update(
     jax_version='0.11.2',

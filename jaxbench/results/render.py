@@ -143,6 +143,7 @@ def prediction_table(records: list[dict[str, Any]]) -> tables.Table:
       r['emulation']['gpu'],
       bool(r.get('tiny')),
       tuple(map(tuple, r.get('overrides') or [])),
+      store.revision(r),  # a prediction is checked against a run of the same program only
     )
     if r.get('mode') == 'predict':
       how = DEVICELESS if (r.get('device') or {}).get('deviceless') else ON_DEVICE
@@ -165,7 +166,7 @@ def prediction_table(records: list[dict[str, Any]]) -> tables.Table:
     rows.append(
       [
         k[0],
-        k[1] + (' tiny' if k[3] else ''),
+        k[1] + (' tiny' if k[3] else '') + tables.earlier_revision(m),
         tables.display(k[2]),
         how,
         str(p['max_batch']),

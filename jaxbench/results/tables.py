@@ -79,10 +79,10 @@ def source_label(record: dict[str, Any]) -> str:
       ''.join(f' {k}={v}' for k, v in record.get('overrides') or []),
     ]
   )
-  return f"{kind} {record['precision']}{extra}{_earlier_revision(record)}"
+  return f"{kind} {record['precision']}{extra}{earlier_revision(record)}"
 
 
-def _earlier_revision(record: dict[str, Any]) -> str:
+def earlier_revision(record: dict[str, Any]) -> str:
   """', revision N' where the record ran or compiled an earlier revision of its workload than
   today's (a different program: docs/workloads.md says what changed), else ''."""
   try:
