@@ -112,22 +112,22 @@ class Program:
     # initial_state (a trace of the model: 2 s for nasnet_large); on a mesh its out_shardings
     # come from the shapes, so it is traced again there.
     self._init_traced = None
-    if layout is None and target is None:
+    if layout is None:
+      self._init = jax.jit(self.trainer.init)
       with threefry_as_kernels():
-        self._init_traced = jax.jit(self.trainer.init).trace(self.rng)
+        self._init_traced = self._init.trace(self.rng)
       self.state_shapes = self._init_traced.out_info
+      self._state_shardings = None
     else:
       self.state_shapes = jax.eval_shape(self.trainer.init, self.rng)
-    self._state_shardings = None if layout is None else layout.state(self.state_shapes)
+      self._state_shardings = layout.state(self.state_shapes)
+      self._init = jax.jit(self.trainer.init, out_shardings=self._state_shardings)
     # The state is donated: the step updates parameters and optimizer state in
     # place, so XLA may reuse their memory instead of holding two copies.
     placed = {}  # one device: where JAX puts it; on a mesh, the step keeps the state's layout
     if layout is not None:
       placed = {'out_shardings': (self._state_shardings, layout.sharding())}
     self._step = jax.jit(self.trainer.step, donate_argnums=(0,), **placed)
-    self._init = jax.jit(
-      self.trainer.init, **({} if layout is None else {'out_shardings': self._state_shardings})
-    )
     self._batch = functools.cache(self._batch_fn)
     keep = layout is None and target is None and init_cache.usable()
     self._init_cache_dir = init_cache_dir if keep else None

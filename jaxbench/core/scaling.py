@@ -4,7 +4,7 @@ from typing import Any
 
 import jax
 
-from jaxbench.core import init_cache, mesh, timing
+from jaxbench.core import mesh, timing
 from jaxbench.core import program as prog
 
 
@@ -12,9 +12,7 @@ def measure(w, cfg, policy, opts, n: int, units_per_s: float, devices: int) -> d
   """One device timed at n examples, the per-device batch of the run on `devices`; the
   scaling efficiency is units/s at N / (N x units/s at 1)."""
   one = mesh.Layout([jax.local_devices()[0]], opts.shard_optimizer)
-  program = prog.Program(
-    w, cfg, policy, seed=opts.seed, layout=one, init_cache_dir=init_cache.default_dir()
-  )
+  program = prog.Program(w, cfg, policy, seed=opts.seed, layout=one)
   try:
     compiled = program.compile(n)
     m = timing.measure(program, compiled, opts.warmup_steps, opts.steps, opts.windows)
