@@ -184,7 +184,7 @@ BERT_BASE_CONFIG = dict(
   max_positions=512,
   type_vocab=2,
   dropout=0.1,
-  attention_probs='saved',  # models/layers/attention.PROBS
+  attention_probs='auto',  # models/layers/attention.PROBS
   seq_len=128,
   masked=20,
   lr=1e-4,
@@ -241,7 +241,7 @@ BERT_BASE = wl.Workload(
     lambda cfg, dtype: BertPretraining(cfg, dtype), make_batch, pretraining_loss, adamw
   ),
   flops_per_example=pretraining_flops,
-  revision=3,
+  revision=4,
 )
 
 
@@ -334,5 +334,5 @@ BERT_SQUAD = wl.Workload(
   check=check_squad,
   trainer=wl.supervised(lambda cfg, dtype: BertSquad(cfg, dtype), squad_batch, squad_loss, adamw),
   flops_per_example=squad_flops,
-  revision=3,
+  revision=4,
 )

@@ -6,12 +6,18 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from models.layers import fused_attention
+
 # What the backward pass gets of each layer's L x L arrays (the scores, the probabilities, the
 # dropout mask): 'saved' keeps them from the forward pass, as the 2020 programs (TensorFlow's
 # BERT, fairseq) did; 'recomputed' keeps only the queries, keys and values and computes the
-# arrays again in the backward pass, as fused attention kernels (PyTorch's scaled_dot_product_
-# attention) do. Same values, same random bits; less memory for one more QK^T product a layer.
-PROBS = ('saved', 'recomputed')
+# arrays again in the backward pass (XLA's kernels under jax.checkpoint); 'fused' computes the
+# attention in fused kernels that keep only the dropout mask, a byte a probability, and
+# recompute the rest in their backward pass, as PyTorch's scaled_dot_product_attention does
+# (fused_attention.py); 'auto' is 'fused' under a 16-bit compute dtype, where it is the faster
+# on an H200, and 'saved' under float32, where it is not (docs/performance.md). Same values,
+# same random bits.
+PROBS = ('saved', 'recomputed', 'fused', 'auto')
 
 
 def recomputed_attention(
@@ -53,6 +59,13 @@ def recomputed_attention(
   return jax.checkpoint(attend)(query, key, value, bias, mask, dropout_rng)
 
 
+_ATTENTION_FN = {
+  'saved': nn.dot_product_attention,
+  'recomputed': recomputed_attention,
+  'fused': fused_attention.dot_product_attention,
+}
+
+
 def multi_head(
   heads: int,
   dropout: float,
@@ -71,12 +84,14 @@ def multi_head(
   """
   if probs not in PROBS:
     raise ValueError(f'attention probs must be one of {", ".join(PROBS)}, got {probs!r}')
+  if probs == 'auto':
+    probs = 'fused' if jnp.dtype(dtype).itemsize == 2 else 'saved'
   return nn.MultiHeadDotProductAttention(
     num_heads=heads,
     dtype=dtype,
     dropout_rate=dropout,
     broadcast_dropout=False,
     deterministic=not train,
-    attention_fn=recomputed_attention if probs == 'recomputed' else nn.dot_product_attention,
+    attention_fn=_ATTENTION_FN[probs],
     name=name,
   )

@@ -277,7 +277,7 @@ MT_DNN_CONFIG = dict(
   max_positions=512,
   type_vocab=2,
   dropout=0.1,
-  attention_probs='saved',  # models/layers/attention.PROBS
+  attention_probs='auto',  # models/layers/attention.PROBS
   seq_len=512,
   turns=5,
   mem_drop=0.1,
@@ -309,5 +309,5 @@ MT_DNN = wl.Workload(
   trainer=trainer,
   flops_per_example=flops_per_example,
   units_per_example=lambda cfg: len(TASKS),
-  revision=3,
+  revision=4,
 )

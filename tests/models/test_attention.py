@@ -89,13 +89,15 @@ def test_recomputed_probabilities_are_not_kept_for_the_backward_pass():
 def test_attention_probs_is_a_config_key_of_the_attention_workloads():
   from models import registry  # pylint: disable=g-import-not-at-top
 
-  for name in ('bert_base', 'bert_squad', 'mt_dnn', 'transformer_big'):
+  defaults = {'bert_base': 'auto', 'bert_squad': 'auto', 'mt_dnn': 'auto', 'transformer_big': 'saved'}
+  for name, default in defaults.items():
     w = registry.get(name)
-    assert w.resolve(tiny=True)['attention_probs'] == 'saved'
-    assert w.resolve(tiny=True, overrides={'attention_probs': 'recomputed'})
+    assert w.resolve(tiny=True)['attention_probs'] == default
+    for choice in ('saved', 'recomputed', 'fused', 'auto'):
+      assert w.resolve(tiny=True, overrides={'attention_probs': choice})['attention_probs'] == choice
     try:
-      w.resolve(tiny=True, overrides={'attention_probs': 'fused'})
+      w.resolve(tiny=True, overrides={'attention_probs': 'flash'})
     except ValueError as e:
-      assert 'must be one of saved, recomputed' in str(e)
+      assert 'must be one of saved, recomputed, fused, auto' in str(e)
     else:
-      raise AssertionError(f'{name} took attention_probs=fused')
+      raise AssertionError(f'{name} took attention_probs=flash')

@@ -1,0 +1,506 @@
+"""Attention with dropout in fused GPU kernels (Pallas on Triton), as PyTorch's fused attention.
+
+XLA computes `softmax(QK^T) V` as separate kernels that write the [B, H, Lq, Lk] scores and
+probabilities to memory and keep them for the backward pass; no fused attention that XLA
+offers on a GPU draws dropout in float32. Here a forward kernel computes a block of queries
+against every key with the online softmax of FlashAttention (Dao et al. 2022), draws the dropout
+decisions in the kernel and writes only the output, the rows' log-sum-exp and the kept mask (a
+byte per probability); two backward kernels compute dK, dV and dQ from them, recomputing the
+probabilities. The [B, L, H, D] layout of Flax's projections is read and written as it is.
+
+The dropout decisions are jax.random.bernoulli's for the same key on the [B, H, Lq, Lk] shape
+(threefry2x32 on each element's flat index, as JAX's partitionable threefry draws them), so the
+values and gradients are those of flax.linen.dot_product_attention with broadcast_dropout=False
+(tests/models/test_fused_attention.py), up to the order of the floating-point sums. The softmax
+runs in float32 under every precision (Flax's runs in the compute dtype).
+
+On a GPU the kernels are compiled by XLA's Triton pipeline; elsewhere (a CPU) the same kernels
+run in Pallas' interpreter, slowly, which is what the CPU tests use.
+"""
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+# What a masked score becomes: Flax's (the float32 minimum), so that a row with every key masked
+# is uniform over its keys as in Flax. Keys added to fill a block get -inf and weigh nothing.
+MASKED = float(np.finfo(np.float32).min)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """The static part of one attention call (hashable, for custom_vjp)."""
+
+  heads: int
+  q_len: int  # before padding to a block
+  k_len: int
+  keep: float  # 1 - dropout rate; 1.0: no dropout
+  scale: float
+  tf32: bool  # float32 products on TF32 tensor cores (tf32) or in full precision (fp32)
+  block_q: int
+  block_k: int
+  block_bwd: int
+  warps: int  # forward kernel
+  warps_bwd: int
+  stages: int
+
+  @property
+  def dropout(self) -> bool:
+    return self.keep < 1.0
+
+  def one_key_block(self, k_len_padded: int) -> bool:
+    """Whether the backward pass's key block holds every key: then one kernel computes dQ too,
+    each query block's in full, and the probabilities are recomputed once, not twice."""
+    return k_len_padded == self.block_bwd
+
+
+def default_blocks(dtype, k_len: int) -> dict:
+  """The kernels' tiles and warps, the fastest of those measured on an H200 (BERT's shapes,
+  [B, L, 12, 64] at L 128 and 384, fwd + bwd; docs/performance.md). A float32 tile of 128 x 128
+  with several key blocks needs more shared memory than the GPU has."""
+  if jnp.dtype(dtype).itemsize == 2:
+    if k_len <= 128:
+      return dict(block_q=128, block_k=128, block_bwd=64, warps=8, warps_bwd=4, stages=2)
+    return dict(block_q=64, block_k=64, block_bwd=64, warps=4, warps_bwd=4, stages=2)
+  if k_len <= 128:  # one key block: dQ, dK and dV in one backward kernel
+    return dict(block_q=128, block_k=128, block_bwd=128, warps=8, warps_bwd=8, stages=2)
+  return dict(block_q=128, block_k=64, block_bwd=64, warps=8, warps_bwd=4, stages=2)
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def _block(n: int, cap: int) -> int:
+  return min(cap, max(16, pl.next_power_of_2(n)))
+
+
+# --- threefry2x32, as jax.random draws its bits (Salmon et al. 2011, 20 rounds) ---
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def _rotl(x, d):
+  return (x << np.uint32(d)) | (x >> np.uint32(32 - d))
+
+
+def threefry2x32(k0, k1, x0, x1):
+  """Threefry-2x32 of the counter (x0, x1) under the key (k0, k1); uint32 arrays."""
+  ks = (k0, k1, k0 ^ k1 ^ np.uint32(0x1BD11BDA))
+  x0, x1 = x0 + ks[0], x1 + ks[1]
+  for i in range(5):
+    for r in _ROTATIONS[i % 2]:
+      x0 = x0 + x1
+      x1 = _rotl(x1, r) ^ x0
+    x0 = x0 + ks[(i + 1) % 3]
+    x1 = x1 + ks[(i + 2) % 3] + np.uint32(i + 1)
+  return x0, x1
+
+
+def keep_mask(k0, k1, hi, lo, keep: float):
+  """jax.random.bernoulli(key, keep) at the elements whose flat index is hi * 2**32 + lo."""
+  x0, x1 = threefry2x32(k0, k1, hi, lo)
+  bits = x0 ^ x1
+  uniform = lax.bitcast_convert_type((bits >> np.uint32(9)) | np.uint32(0x3F800000), jnp.float32)
+  return uniform - 1.0 < np.float32(keep)
+
+
+def _counters(spec: Spec, base_hi, base_lo, rows, cols):
+  """The flat index in [B, H, Lq, Lk] of each (row, col) of one (batch, head): (hi, lo)."""
+  offset = (rows[:, None] * spec.k_len + cols[None, :]).astype(jnp.uint32)
+  lo = base_lo + offset
+  hi = base_hi + (lo < offset).astype(jnp.uint32)
+  return hi, lo
+
+
+def _bases(batch: int, spec: Spec):
+  """Each (batch, head)'s first flat index in [B, H, Lq, Lk], as uint32 (hi, lo) [B, H]."""
+  first = np.arange(batch * spec.heads, dtype=np.uint64) * np.uint64(spec.q_len * spec.k_len)
+  hi = (first >> np.uint64(32)).astype(np.uint32).reshape(batch, spec.heads)
+  lo = (first & np.uint64(0xFFFFFFFF)).astype(np.uint32).reshape(batch, spec.heads)
+  return jnp.asarray(hi), jnp.asarray(lo)
+
+
+# --- the kernels ---
+
+
+def _dot(a, b, spec: Spec, trans_b=False, trans_a=False):
+  if a.dtype == jnp.float32:
+    return pltriton.dot(a, b, trans_a=trans_a, trans_b=trans_b, allow_tf32=spec.tf32)
+  return pltriton.dot(a, b, trans_a=trans_a, trans_b=trans_b)
+
+
+def _scores(spec: Spec, q, k, mask, q_start, k_start):
+  """Scaled scores of a [bq, D] query block against a [bk, D] key block, masked as Flax."""
+  s = _dot(q, k, spec, trans_b=True).astype(jnp.float32) * np.float32(spec.scale)
+  s = jnp.where(mask != 0, s, MASKED)
+  cols = k_start + lax.broadcasted_iota(jnp.int32, s.shape, 1)
+  return jnp.where(cols < spec.k_len, s, -jnp.inf)
+
+
+def _forward_kernel(spec: Spec, *refs):
+  if spec.dropout:
+    seed_ref, hi_ref, lo_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, max_ref, log_sum_ref, keep_ref = (
+      refs
+    )
+  else:
+    q_ref, k_ref, v_ref, mask_ref, o_ref, max_ref, log_sum_ref = refs
+  bq, bk = spec.block_q, spec.block_k
+  q_start = pl.program_id(2) * bq
+  q = q_ref[...]
+  rows = q_start + jnp.arange(bq)
+
+  def body(j, carry):
+    acc, m, l = carry
+    k_start = j * bk
+    cols = pl.ds(k_start, bk)
+    s = _scores(spec, q, k_ref[cols, :], mask_ref[:, cols], q_start, k_start)
+    m_new = jnp.maximum(m, s.max(axis=1))
+    p = jnp.exp(s - m_new[:, None])
+    correction = jnp.exp(m - m_new)
+    l = l * correction + p.sum(axis=1)
+    if spec.dropout:
+      hi, lo = _counters(spec, hi_ref[0], lo_ref[0], rows, k_start + jnp.arange(bk))
+      kept = keep_mask(seed_ref[0], seed_ref[1], hi, lo, spec.keep)
+      keep_ref[:, cols] = kept.astype(jnp.int8)
+      p = jnp.where(kept, p, 0.0)
+    v = v_ref[cols, :]
+    acc = acc * correction[:, None] + _dot(p.astype(v.dtype), v, spec)
+    return acc, m_new, l
+
+  d = q.shape[-1]
+  init = (
+    jnp.zeros((bq, d), jnp.float32),
+    jnp.full((bq,), -jnp.inf, jnp.float32),
+    jnp.zeros((bq,), jnp.float32),
+  )
+  acc, m, l = lax.fori_loop(0, k_ref.shape[0] // bk, body, init)
+  o_ref[...] = (acc / (l[:, None] * np.float32(spec.keep))).astype(o_ref.dtype)
+  # The rows' maxima and log-sums apart: a row with every key masked has its maximum at the
+  # float32 minimum, which would absorb the log-sum if the two were added.
+  max_ref[...] = m
+  log_sum_ref[...] = jnp.log(l)
+
+
+def _probs_and_grad(spec: Spec, q, k, v, do, mask, row_max, log_sum, delta, kept, q_start, k_start):
+  """The block's probabilities as dropped (for dV) and the scores' gradient (for dQ, dK)."""
+  s = _scores(spec, q, k, mask, q_start, k_start)
+  p = jnp.exp((s - row_max[:, None]) - log_sum[:, None])
+  dp = _dot(do, v, spec, trans_b=True).astype(jnp.float32)
+  if spec.dropout:
+    inv = np.float32(1.0) / np.float32(spec.keep)
+    p_dropped = jnp.where(kept != 0, p * inv, 0.0)
+    dp = jnp.where(kept != 0, dp * inv, 0.0)
+  else:
+    p_dropped = p
+  # A masked score is a constant in Flax (where(mask, s, min)): no gradient reaches Q or K
+  # through it, which matters in a row with every key masked, where its probability is not 0.
+  ds = jnp.where(mask != 0, p * (dp - delta[:, None]), 0.0)
+  return p_dropped, ds
+
+
+def _dkdv_kernel(spec: Spec, with_dq: bool, *refs):
+  """dK and dV of one key block, over every query block; with_dq: the block holds every key,
+  and each query block's dQ is written too."""
+  inputs = 9 if spec.dropout else 8
+  q_ref, k_ref, v_ref, do_ref, mask_ref, max_ref, log_sum_ref, delta_ref = refs[:8]
+  keep_ref = refs[8] if spec.dropout else None
+  dk_ref, dv_ref = refs[inputs : inputs + 2]
+  dq_ref = refs[inputs + 2] if with_dq else None
+  b = spec.block_bwd
+  k_start = pl.program_id(2) * b
+  k, v = k_ref[...], v_ref[...]
+
+  def body(i, carry):
+    dk, dv = carry
+    rows = pl.ds(i * b, b)
+    q, do = q_ref[rows, :], do_ref[rows, :]
+    kept = keep_ref[rows, :] if keep_ref is not None else None
+    stats = max_ref[rows], log_sum_ref[rows], delta_ref[rows]
+    p_dropped, ds = _probs_and_grad(
+      spec, q, k, v, do, mask_ref[rows, :], *stats, kept, i * b, k_start
+    )
+    dv = dv + _dot(p_dropped.astype(do.dtype), do, spec, trans_a=True)
+    ds = ds.astype(q.dtype)
+    dk = dk + _dot(ds, q, spec, trans_a=True)
+    if dq_ref is not None:
+      dq_ref[rows, :] = (_dot(ds, k, spec) * np.float32(spec.scale)).astype(dq_ref.dtype)
+    return dk, dv
+
+  d = k.shape[-1]
+  zeros = jnp.zeros((b, d), jnp.float32)
+  dk, dv = lax.fori_loop(0, q_ref.shape[0] // b, body, (zeros, zeros))
+  dk_ref[...] = (dk * np.float32(spec.scale)).astype(dk_ref.dtype)
+  dv_ref[...] = dv.astype(dv_ref.dtype)
+
+
+def _dq_kernel(spec: Spec, *refs):
+  """dQ of one query block, over every key block."""
+  q_ref, k_ref, v_ref, do_ref, mask_ref, max_ref, log_sum_ref, delta_ref = refs[:8]
+  keep_ref = refs[8] if spec.dropout else None
+  dq_ref = refs[-1]
+  b = spec.block_bwd
+  q_start = pl.program_id(2) * b
+  q, do = q_ref[...], do_ref[...]
+  stats = max_ref[...], log_sum_ref[...], delta_ref[...]
+
+  def body(j, dq):
+    cols = pl.ds(j * b, b)
+    k = k_ref[cols, :]
+    kept = keep_ref[:, cols] if keep_ref is not None else None
+    _, ds = _probs_and_grad(
+      spec, q, k, v_ref[cols, :], do, mask_ref[:, cols], *stats, kept, q_start, j * b
+    )
+    return dq + _dot(ds.astype(k.dtype), k, spec)
+
+  dq = lax.fori_loop(0, k_ref.shape[0] // b, body, jnp.zeros(q.shape, jnp.float32))
+  dq_ref[...] = (dq * np.float32(spec.scale)).astype(dq_ref.dtype)
+
+
+# --- the calls: grids over (batch, head, block) on [B, L, H, D] arrays ---
+
+
+def _seq(rows, d):
+  """A [B, L, H, D] array's block: one head's `rows` rows from the grid's block index."""
+  return pl.BlockSpec((None, rows, None, d), lambda b, h, i: (b, i, h, 0))
+
+
+def _whole_seq(length, d):
+  """A [B, L, H, D] array's block: one head's every row."""
+  return pl.BlockSpec((None, length, None, d), lambda b, h, i: (b, 0, h, 0))
+
+
+def _mask_spec(mask, rows, cols, by_rows):
+  index = (lambda b, h, i: (b, 0, i, 0)) if by_rows else (lambda b, h, i: (b, 0, 0, i))
+  if mask.shape[1] != 1:
+    index = (lambda b, h, i: (b, h, i, 0)) if by_rows else (lambda b, h, i: (b, h, 0, i))
+  return pl.BlockSpec((None, None, rows, cols), index)
+
+
+def _rows_spec(rows):  # [B, H, Lq] float32 (log-sum-exp, delta)
+  return pl.BlockSpec((None, None, rows), lambda b, h, i: (b, h, i))
+
+
+def _all_rows_spec(full):
+  return pl.BlockSpec((None, None, full), lambda b, h, i: (b, h, 0))
+
+
+def _keep_spec(rows, cols, by_rows):
+  index = (lambda b, h, i: (b, h, i, 0)) if by_rows else (lambda b, h, i: (b, h, 0, i))
+  return pl.BlockSpec((None, None, rows, cols), index)
+
+
+def _seed_specs():
+  seed = pl.BlockSpec((2,), lambda b, h, i: (0,))
+  base = pl.BlockSpec((None, None, 1), lambda b, h, i: (b, h, 0))
+  return [seed, base, base]
+
+
+def _call(kernel, warps, stages, grid, in_specs, out_specs, out_shape, interpret, *args):
+  return pl.pallas_call(
+    kernel,
+    grid=grid,
+    in_specs=in_specs,
+    out_specs=out_specs,
+    out_shape=out_shape,
+    compiler_params=pltriton.CompilerParams(num_warps=warps, num_stages=stages),
+    interpret=interpret,
+  )(*args)
+
+
+def _on_platform(fn, *args):
+  """fn(*args, interpret) compiled as Triton kernels on a GPU, interpreted elsewhere."""
+  return lax.platform_dependent(
+    *args,
+    cuda=functools.partial(fn, interpret=False),
+    default=functools.partial(fn, interpret=True),
+  )
+
+
+def _forward(spec: Spec, seed, q, k, v, mask):
+  batch, lq, heads, d = q.shape
+  lk = k.shape[1]
+  bq, bk = spec.block_q, spec.block_k
+  grid = (batch, heads, lq // bq)
+  in_specs = [_seq(bq, d), _whole_seq(lk, d), _whole_seq(lk, d), _mask_spec(mask, bq, lk, True)]
+  out_specs = [_seq(bq, d), _rows_spec(bq), _rows_spec(bq)]
+  rows = jax.ShapeDtypeStruct((batch, heads, lq), jnp.float32)
+  out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), rows, rows]
+  args = [q, k, v, mask]
+  if spec.dropout:
+    hi, lo = _bases(batch, spec)
+    in_specs = _seed_specs() + in_specs
+    args = [seed, hi[..., None], lo[..., None]] + args
+    out_specs.append(_keep_spec(bq, lk, True))
+    out_shape.append(jax.ShapeDtypeStruct((batch, heads, lq, lk), jnp.int8))
+
+  def run(*args, interpret):
+    kernel = functools.partial(_forward_kernel, spec)
+    return tuple(
+      _call(kernel, spec.warps, spec.stages, grid, in_specs, out_specs, out_shape, interpret, *args)
+    )
+
+  outs = _on_platform(run, *args)
+  return outs if spec.dropout else (*outs, None)
+
+
+def _backward(spec: Spec, q, k, v, mask, o, row_max, log_sum, kept, do):
+  batch, lq, heads, d = q.shape
+  lk = k.shape[1]
+  b = spec.block_bwd
+  delta = jnp.einsum('blhd,blhd->bhl', o.astype(jnp.float32), do.astype(jnp.float32))
+  common = [q, k, v, do, mask, row_max, log_sum, delta] + ([kept] if spec.dropout else [])
+
+  dkdv_specs = [
+    _whole_seq(lq, d),
+    _seq(b, d),
+    _seq(b, d),
+    _whole_seq(lq, d),
+    _mask_spec(mask, lq, b, False),
+    _all_rows_spec(lq),
+    _all_rows_spec(lq),
+    _all_rows_spec(lq),
+  ] + ([_keep_spec(lq, b, False)] if spec.dropout else [])
+  dq_specs = [
+    _seq(b, d),
+    _whole_seq(lk, d),
+    _whole_seq(lk, d),
+    _seq(b, d),
+    _mask_spec(mask, b, lk, True),
+    _rows_spec(b),
+    _rows_spec(b),
+    _rows_spec(b),
+  ] + ([_keep_spec(b, lk, True)] if spec.dropout else [])
+
+  with_dq = spec.one_key_block(lk)
+  q_grad = jax.ShapeDtypeStruct(q.shape, q.dtype)
+  dkdv_out_specs = [_seq(b, d), _seq(b, d)] + ([_whole_seq(lq, d)] if with_dq else [])
+  dkdv_shapes = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+  dkdv_shapes += [q_grad] if with_dq else []
+  warps, stages = spec.warps_bwd, spec.stages
+
+  def run(*args, interpret):
+    grads = _call(
+      functools.partial(_dkdv_kernel, spec, with_dq),
+      warps,
+      stages,
+      (batch, heads, lk // b),
+      dkdv_specs,
+      dkdv_out_specs,
+      dkdv_shapes,
+      interpret,
+      *args,
+    )
+    if with_dq:
+      dk, dv, dq = grads
+      return dq, dk, dv
+    dk, dv = grads
+    dq = _call(
+      functools.partial(_dq_kernel, spec),
+      warps,
+      stages,
+      (batch, heads, lq // b),
+      dq_specs,
+      _seq(b, d),
+      q_grad,
+      interpret,
+      *args,
+    )
+    return dq, dk, dv
+
+  return _on_platform(run, *common)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(spec, seed, q, k, v, mask):
+  return _forward(spec, seed, q, k, v, mask)[0]
+
+
+def _attention_fwd(spec, seed, q, k, v, mask):
+  o, row_max, log_sum, kept = _forward(spec, seed, q, k, v, mask)
+  return o, (q, k, v, mask, o, row_max, log_sum, kept)
+
+
+def _attention_bwd(spec, residuals, do):
+  dq, dk, dv = _backward(spec, *residuals, do)
+  return None, dq, dk, dv, None
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _pad(x, axis, to):
+  if x.shape[axis] == to:
+    return x
+  widths = [(0, 0)] * x.ndim
+  widths[axis] = (0, to - x.shape[axis])
+  return jnp.pad(x, widths)
+
+
+def dot_product_attention(
+  query,
+  key,
+  value,
+  bias=None,
+  mask=None,
+  broadcast_dropout: bool = True,
+  dropout_rng=None,
+  dropout_rate: float = 0.0,
+  deterministic: bool = False,
+  dtype=None,
+  precision=None,
+  force_fp32_for_softmax: bool = False,
+  blocks: dict | None = None,
+):
+  """flax.linen.dot_product_attention's signature and values, in fused kernels.
+
+  query [B, Lq, H, D], key and value [B, Lk, H, D]; mask broadcastable to [B, 1 or H, Lq, Lk]
+  (True or nonzero: attend). Dropout draws one decision per batch, head and probability
+  (broadcast_dropout=False); the attention bias is not supported. The parameters are named for
+  Flax's MultiHeadDotProductAttention, which passes an attention_fn only the ones it names."""
+  del dtype, precision, force_fp32_for_softmax  # the kernels' products and softmax: see Spec
+  if bias is not None:
+    raise ValueError('fused attention takes a mask, not an additive bias')
+  dropout = not deterministic and dropout_rate > 0.0
+  if dropout and broadcast_dropout:
+    raise ValueError('fused attention draws dropout per batch and head (broadcast_dropout=False)')
+  if dropout and str(jax.random.key_impl(dropout_rng)) != 'threefry2x32':
+    raise ValueError('fused attention draws its dropout as the threefry2x32 PRNG does')
+  batch, lq, heads, d = query.shape
+  lk = key.shape[1]
+  if mask is None:
+    mask = jnp.ones((batch, 1, lq, lk), jnp.int8)
+  mask = jnp.broadcast_to(mask, (batch, mask.shape[1], lq, lk)).astype(jnp.int8)
+  blocks = {**default_blocks(query.dtype, lk), **(blocks or {})}
+  bq, bk = _block(lq, blocks['block_q']), _block(lk, blocks['block_k'])
+  bb = _block(min(lq, lk), blocks['block_bwd'])
+  lq_p, lk_p = _round_up(lq, max(bq, bb)), _round_up(lk, max(bk, bb))
+  d_p = max(16, pl.next_power_of_2(d))
+  spec = Spec(
+    heads=heads,
+    q_len=lq,
+    k_len=lk,
+    keep=1.0 - dropout_rate if dropout else 1.0,
+    scale=1.0 / math.sqrt(d),
+    tf32=jax.config.jax_default_matmul_precision != 'float32',
+    block_q=bq,
+    block_k=bk,
+    block_bwd=bb,
+    warps=blocks['warps'],
+    warps_bwd=blocks['warps_bwd'],
+    stages=blocks['stages'],
+  )
+  q = _pad(_pad(query, 1, lq_p), 3, d_p)
+  k = _pad(_pad(key, 1, lk_p), 3, d_p)
+  v = _pad(_pad(value, 1, lk_p), 3, d_p)
+  mask = _pad(_pad(mask, 2, lq_p), 3, lk_p)
+  seed = jax.random.key_data(dropout_rng).astype(jnp.uint32) if dropout else None
+  out = _attention(spec, seed, q, k, v, mask)
+  return out[:, :lq, :, :d]
