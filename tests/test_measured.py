@@ -310,3 +310,21 @@ def test_the_measured_on_line_names_gpus_jax_and_dates(toy):
   assert measured.measured_on([_run(status='oom')]) == 'No measured runs in these results.'
   unknown = _run(device={}, jax_version=None, timestamp=None)
   assert measured.measured_on([unknown]) == 'Measured: 1 run.'
+
+
+def test_among_earlier_forms_the_run_nearest_todays_default_speaks(toy):
+  """After a revision changes a default, no run is of today's program: the run that differed
+  from the old default in nothing speaks, not a later one that changed another key too."""
+  fixed = {'search': {'mode': 'fixed', 'trials': []}, 'max_batch': 32, 'workload_revision': 1}
+  old_default = {**_run()['config'], 'resample': 'shifts'}  # revision 1's default, say
+  plain = _run(**fixed, config=old_default)
+  other = _run(
+    **fixed,
+    overrides=[['lr', '0.01']],
+    config={**old_default, 'lr': 0.01},
+    timestamp='2026-12-02T00:00:00+00:00',  # later
+  )
+  assert commands.keys_off_default(plain) == 1 and commands.keys_off_default(other) == 2
+  t, rest = measured.table([plain, other]), measured.others([plain, other])
+  assert t.rows[0][10] == commands.command_of(plain)
+  assert [r[10] for r in rest.rows] == [commands.command_of(other)]

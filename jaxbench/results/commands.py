@@ -72,6 +72,18 @@ def default_config(r: dict[str, Any]) -> bool:
   return default is not None and _plain(default) == _plain(r.get('config') or {})
 
 
+def keys_off_default(r: dict[str, Any]) -> int:
+  """How many of the run's config keys differ from today's default configuration (0: the
+  workload as it comes). Of two runs of an earlier form, the one with fewer is the nearer to it."""
+  w = _workload(r['workload'])
+  default = None if w is None else _accepted(w, bool(r.get('tiny')), {})
+  config = _plain(r.get('config') or {})
+  if default is None:
+    return len(config)
+  default = _plain(default)
+  return sum(key not in default or default[key] != value for key, value in config.items())
+
+
 def changing_sets(r: dict[str, Any]) -> tuple[tuple[str, str], ...]:
   """The run's --set pairs less those that name the default value (which change no program)."""
   w = _workload(r['workload'])

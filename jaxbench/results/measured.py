@@ -174,11 +174,14 @@ def row(r: dict[str, Any]) -> list[str]:
 def _rank(r: dict[str, Any]) -> tuple:
   """Which run speaks for its workload, precision and memory: a search before a fixed batch (which
   speaks only where no search ran), then today's program, its default configuration (a --set
-  that names a default value changes nothing), XLA's own autotuning, and the latest."""
+  that names a default value changes nothing) or, among earlier forms, the latest revision and
+  the configuration nearest today's default, XLA's own autotuning, and the latest."""
   return (
     not is_fixed(r),
     commands.earlier_form(r) is None,
     commands.default_config(r),
+    store.revision(r),
+    -commands.keys_off_default(r),
     records.autotune_level(r) is None,
     r.get('timestamp', ''),
   )

@@ -62,9 +62,8 @@ class Spec:
 
 
 def default_blocks(dtype, k_len: int) -> dict:
-  """The kernels' tiles and warps, the fastest of those measured on an H200 (BERT's shapes,
-  [B, L, 12, 64] at L 128 and 384, fwd + bwd; docs/performance.md). A float32 tile of 128 x 128
-  with several key blocks needs more shared memory than the GPU has."""
+  """The kernels' tiles and warps, for BERT's shapes ([B, L, 12, 64] at L 128 and 384). A float32
+  tile of 128 x 128 with several key blocks needs more shared memory than an H200 has."""
   if jnp.dtype(dtype).itemsize == 2:
     if k_len <= 128:
       return dict(block_q=128, block_k=128, block_bwd=64, warps=8, warps_bwd=4, stages=2)
@@ -147,9 +146,8 @@ def _scores(spec: Spec, q, k, mask, q_start, k_start):
 
 def _forward_kernel(spec: Spec, *refs):
   if spec.dropout:
-    seed_ref, hi_ref, lo_ref, q_ref, k_ref, v_ref, mask_ref, o_ref, max_ref, log_sum_ref, keep_ref = (
-      refs
-    )
+    seed_ref, hi_ref, lo_ref = refs[:3]
+    q_ref, k_ref, v_ref, mask_ref, o_ref, max_ref, log_sum_ref, keep_ref = refs[3:]
   else:
     q_ref, k_ref, v_ref, mask_ref, o_ref, max_ref, log_sum_ref = refs
   bq, bk = spec.block_q, spec.block_k
@@ -158,14 +156,14 @@ def _forward_kernel(spec: Spec, *refs):
   rows = q_start + jnp.arange(bq)
 
   def body(j, carry):
-    acc, m, l = carry
+    acc, m, row_sum = carry
     k_start = j * bk
     cols = pl.ds(k_start, bk)
     s = _scores(spec, q, k_ref[cols, :], mask_ref[:, cols], q_start, k_start)
     m_new = jnp.maximum(m, s.max(axis=1))
     p = jnp.exp(s - m_new[:, None])
     correction = jnp.exp(m - m_new)
-    l = l * correction + p.sum(axis=1)
+    row_sum = row_sum * correction + p.sum(axis=1)
     if spec.dropout:
       hi, lo = _counters(spec, hi_ref[0], lo_ref[0], rows, k_start + jnp.arange(bk))
       kept = keep_mask(seed_ref[0], seed_ref[1], hi, lo, spec.keep)
@@ -173,7 +171,7 @@ def _forward_kernel(spec: Spec, *refs):
       p = jnp.where(kept, p, 0.0)
     v = v_ref[cols, :]
     acc = acc * correction[:, None] + _dot(p.astype(v.dtype), v, spec)
-    return acc, m_new, l
+    return acc, m_new, row_sum
 
   d = q.shape[-1]
   init = (
@@ -181,12 +179,12 @@ def _forward_kernel(spec: Spec, *refs):
     jnp.full((bq,), -jnp.inf, jnp.float32),
     jnp.zeros((bq,), jnp.float32),
   )
-  acc, m, l = lax.fori_loop(0, k_ref.shape[0] // bk, body, init)
-  o_ref[...] = (acc / (l[:, None] * np.float32(spec.keep))).astype(o_ref.dtype)
+  acc, m, row_sum = lax.fori_loop(0, k_ref.shape[0] // bk, body, init)
+  o_ref[...] = (acc / (row_sum[:, None] * np.float32(spec.keep))).astype(o_ref.dtype)
   # The rows' maxima and log-sums apart: a row with every key masked has its maximum at the
   # float32 minimum, which would absorb the log-sum if the two were added.
   max_ref[...] = m
-  log_sum_ref[...] = jnp.log(l)
+  log_sum_ref[...] = jnp.log(row_sum)
 
 
 def _probs_and_grad(spec: Spec, q, k, v, do, mask, row_max, log_sum, delta, kept, q_start, k_start):
@@ -327,7 +325,7 @@ def _on_platform(fn, *args):
 def _forward(spec: Spec, seed, q, k, v, mask):
   batch, lq, heads, d = q.shape
   lk = k.shape[1]
-  bq, bk = spec.block_q, spec.block_k
+  bq = spec.block_q
   grid = (batch, heads, lq // bq)
   in_specs = [_seq(bq, d), _whole_seq(lk, d), _whole_seq(lk, d), _mask_spec(mask, bq, lk, True)]
   out_specs = [_seq(bq, d), _rows_spec(bq), _rows_spec(bq)]

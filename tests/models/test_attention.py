@@ -89,12 +89,19 @@ def test_recomputed_probabilities_are_not_kept_for_the_backward_pass():
 def test_attention_probs_is_a_config_key_of_the_attention_workloads():
   from models import registry  # pylint: disable=g-import-not-at-top
 
-  defaults = {'bert_base': 'auto', 'bert_squad': 'auto', 'mt_dnn': 'auto', 'transformer_big': 'saved'}
+  defaults = {
+    'bert_base': 'auto',
+    'bert_squad': 'auto',
+    'mt_dnn': 'auto',
+    'transformer_big': 'saved',
+  }
   for name, default in defaults.items():
     w = registry.get(name)
     assert w.resolve(tiny=True)['attention_probs'] == default
     for choice in ('saved', 'recomputed', 'fused', 'auto'):
-      assert w.resolve(tiny=True, overrides={'attention_probs': choice})['attention_probs'] == choice
+      assert (
+        w.resolve(tiny=True, overrides={'attention_probs': choice})['attention_probs'] == choice
+      )
     try:
       w.resolve(tiny=True, overrides={'attention_probs': 'flash'})
     except ValueError as e:

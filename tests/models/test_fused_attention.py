@@ -1,0 +1,170 @@
+"""The fused attention kernels against Flax's dot_product_attention (Pallas' interpreter on a CPU).
+
+The kernels promise Flax's values and gradients with broadcast_dropout=False for the same key:
+the same dropout decisions, drawn in the kernel. The shapes are chosen to reach every path: a
+length that is not a multiple of the tile (padded queries and keys), several key tiles (the
+separate dQ kernel) and one (dQ in the dK/dV kernel), a mask per head and one for all heads, a
+row with every key masked, keys longer than queries.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from jax.extend import random as jex_random
+
+from models.layers import attention, fused_attention
+
+SMALL_TILES = dict(block_q=16, block_k=16, block_bwd=16)
+
+
+def _inputs(seed, batch, lq, lk, heads, d, dtype=jnp.float32):
+  keys = jax.random.split(jax.random.key(seed), 4)
+  q = jax.random.normal(keys[0], (batch, lq, heads, d), dtype)
+  k = jax.random.normal(keys[1], (batch, lk, heads, d), dtype)
+  v = jax.random.normal(keys[2], (batch, lk, heads, d), dtype)
+  cotangent = jax.random.normal(keys[3], (batch, lq, heads, d), jnp.float32)
+  return q, k, v, cotangent
+
+
+def _values_and_grads(fn, q, k, v, cotangent):
+  out, vjp = jax.vjp(fn, q, k, v)
+  return out, vjp(cotangent.astype(out.dtype))
+
+
+def _rel_err(got, want):
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+def test_the_kernel_hash_is_jax_threefry2x32():
+  """The in-kernel hash against JAX's own threefry, on counters whose high word is set (a flat
+  index past 2**32, as at full size)."""
+  rng = np.random.default_rng(0)
+  k0, k1 = (np.uint32(x) for x in rng.integers(0, 2**32, 2))
+  x0 = jnp.asarray(rng.integers(0, 2**32, 64), jnp.uint32)
+  x1 = jnp.asarray(rng.integers(0, 2**32, 64), jnp.uint32)
+  want = jex_random.threefry_2x32(jnp.array([k0, k1], jnp.uint32), jnp.concatenate([x0, x1]))
+  got = fused_attention.threefry2x32(k0, k1, x0, x1)
+  np.testing.assert_array_equal(np.concatenate(got), want)
+
+
+def test_keep_mask_is_jax_random_bernoulli_on_the_flat_index():
+  key = jax.random.key(3)
+  shape = (2, 3, 5, 7)
+  want = jax.random.bernoulli(key, 0.9, shape).reshape(-1)
+  k0, k1 = jax.random.key_data(key).astype(jnp.uint32)
+  lo = jnp.arange(want.size, dtype=jnp.uint32)
+  got = fused_attention.keep_mask(k0, k1, jnp.zeros_like(lo), lo, 0.9)
+  np.testing.assert_array_equal(got, want)
+  assert 0 < int(want.sum()) < want.size
+
+
+def test_the_flat_index_carries_into_its_high_word():
+  spec = fused_attention.Spec(
+    heads=1, q_len=4, k_len=4, keep=0.9, scale=1.0, tf32=False,
+    block_q=16, block_k=16, block_bwd=16, warps=4, warps_bwd=4, stages=2,
+  )  # fmt: skip
+  base_lo = jnp.uint32(2**32 - 3)
+  hi, lo = fused_attention._counters(spec, jnp.uint32(5), base_lo, jnp.arange(2), jnp.arange(4))
+  flat = (np.asarray(hi, np.uint64) << np.uint64(32)) + np.asarray(lo, np.uint64)
+  start = (5 << 32) + 2**32 - 3
+  np.testing.assert_array_equal(flat, start + np.arange(8).reshape(2, 4))
+
+
+@pytest.mark.parametrize(
+  'lq, lk, heads_in_mask, blocks',
+  [
+    (40, 40, 1, SMALL_TILES),  # padded to 48, three key tiles: dQ in its own kernel
+    (24, 24, 2, None),  # one key tile: dQ in the dK/dV kernel; a mask per head
+    (8, 40, 1, SMALL_TILES),  # keys longer than queries (cross attention)
+  ],
+)
+def test_values_and_gradients_are_flax_with_a_dropout_mask_per_head(lq, lk, heads_in_mask, blocks):
+  batch, heads, d = 2, 2, 8  # d is padded to 16 in the kernels
+  q, k, v, cotangent = _inputs(lq + lk, batch, lq, lk, heads, d)
+  mask = jax.random.bernoulli(jax.random.key(11), 0.8, (batch, heads_in_mask, lq, lk))
+  mask = mask.at[0, 0, 1].set(False)  # a row with every key masked: uniform, as in Flax
+  rng = jax.random.key(5)
+  common = dict(mask=mask, dropout_rng=rng, dropout_rate=0.2, broadcast_dropout=False)
+  flax_fn = lambda q, k, v: nn.dot_product_attention(q, k, v, **common)
+  fused_fn = lambda q, k, v: fused_attention.dot_product_attention(q, k, v, **common, blocks=blocks)
+  with jax.default_matmul_precision('float32'):
+    want = _values_and_grads(flax_fn, q, k, v, cotangent)
+    got = _values_and_grads(fused_fn, q, k, v, cotangent)
+  for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    assert g.shape == w.shape and g.dtype == w.dtype
+    assert _rel_err(g, w) < 1e-5
+
+
+def test_without_dropout_or_a_mask_the_kernels_are_plain_attention():
+  q, k, v, cotangent = _inputs(1, 1, 20, 20, 2, 16)
+  with jax.default_matmul_precision('float32'):
+    want = _values_and_grads(nn.dot_product_attention, q, k, v, cotangent)
+    got = _values_and_grads(
+      lambda q, k, v: fused_attention.dot_product_attention(q, k, v, blocks=SMALL_TILES),
+      q,
+      k,
+      v,
+      cotangent,
+    )
+  for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    assert _rel_err(g, w) < 1e-5
+
+
+def test_bfloat16_inputs_stay_within_bfloat16_rounding_of_float32():
+  q, k, v, cotangent = _inputs(2, 2, 24, 24, 2, 16)
+  rng = jax.random.key(9)
+  common = dict(dropout_rng=rng, dropout_rate=0.1, broadcast_dropout=False)
+  with jax.default_matmul_precision('float32'):
+    want = _values_and_grads(
+      lambda q, k, v: nn.dot_product_attention(q, k, v, **common), q, k, v, cotangent
+    )
+  low = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+  got = _values_and_grads(
+    lambda q, k, v: fused_attention.dot_product_attention(q, k, v, **common), *low, cotangent
+  )
+  for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    assert g.dtype == jnp.bfloat16
+    assert _rel_err(g, w) < 2e-2
+
+
+@pytest.mark.parametrize(
+  'kwargs, message',
+  [
+    (dict(bias=jnp.zeros((1, 1, 4, 4))), 'not an additive bias'),
+    (dict(dropout_rate=0.1, dropout_rng=jax.random.key(0)), 'broadcast_dropout=False'),
+    (
+      dict(
+        dropout_rate=0.1,
+        broadcast_dropout=False,
+        dropout_rng=jax.random.key(0, impl='rbg'),
+      ),
+      'threefry2x32',
+    ),
+  ],
+)
+def test_what_the_kernels_cannot_compute_is_refused(kwargs, message):
+  q = jnp.zeros((1, 4, 1, 8))
+  with pytest.raises(ValueError, match=message):
+    fused_attention.dot_product_attention(q, q, q, **kwargs)
+
+
+@pytest.mark.parametrize('dtype, form', [(jnp.bfloat16, 'fused'), (jnp.float32, 'saved')])
+def test_auto_is_fused_under_16_bits_and_saved_under_float32(dtype, form):
+  module = attention.multi_head(2, 0.1, True, dtype=dtype, probs='auto')
+  assert module.attention_fn is attention._ATTENTION_FN[form]
+
+
+def test_fused_layers_give_the_saved_ones_values_and_gradients():
+  """Through Flax's MultiHeadDotProductAttention, two layers with a causal mask and dropout."""
+  from tests.models.test_attention import _layers_loss  # pylint: disable=g-import-not-at-top
+
+  saved, params, x = _layers_loss('saved')
+  fused, _, _ = _layers_loss('fused')
+  with jax.default_matmul_precision('float32'):
+    want = jax.value_and_grad(saved, argnums=(0, 1))(params, x)
+    got = jax.value_and_grad(fused, argnums=(0, 1))(params, x)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
