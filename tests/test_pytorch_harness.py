@@ -124,7 +124,10 @@ def test_the_bench_records_every_trial_and_times_the_max(toy, monkeypatch):
   assert result['max_batch'] == 6 and result['measurement']['examples'] == 6
   trials = result['search']['trials']
   assert [t['examples'] for t in trials] == [t.examples for t in search_order(6)]
-  assert result['params']['total'] == sum(result['params'][k] for k in ('embed', 'head'))
+  # The toy's own counts, each module's and the total: Embedding(V, H) and Linear(H, V).
+  cfg = w.resolve(tiny=True)
+  v, h = cfg['vocab'], cfg['hidden']
+  assert result['params'] == {'total': 2 * v * h + v, 'embed': v * h, 'head': h * v + v}
 
 
 def search_order(limit):

@@ -34,7 +34,7 @@ def test_param_count_matches_reference():
   trainer = w.trainer(w.resolve(), precision.get('fp32'))
   counts = wl.param_counts(trainer, jax.eval_shape(trainer.init, jax.random.key(0)))
   encoder, total = _reference_params()
-  assert counts['encoder'] == encoder == 335_141_888  # BERT-large with its pooler
+  assert counts['encoder'] == encoder  # BERT-large with its pooler
   assert counts['total'] == total
 
 

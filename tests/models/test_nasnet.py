@@ -11,12 +11,66 @@ from models import precision
 from models import workload as wl
 from models.nasnet import cells, nasnet
 
-# Keras' NASNetLarge (slim's weights, 1000 classes): 88,753,150 trainable plus
-# 196,668 batch-norm moving statistics = 88,949,818. At 1001 classes the final
-# dense layer has 4032 + 1 more parameters.
-KERAS_TRAINABLE_1000 = 88_753_150
-BN_MOVING_STATS = 196_668
 PAPER_MULT_ADDS = 23.8e9  # NASNet-A (6@4032) at 331x331, Zoph et al. 2018, Table 2
+
+# slim's NASNet-A cells: the separable branches as (kernel, hidden state read), and how many
+# hidden states the output concatenates. States 0 and 1 are the cell's inputs, 2 the first
+# combination's sum. Pooling and identity branches add no weights in NASNet-A: each reads a
+# state of the cell's width, and no identity is strided.
+NORMAL = (((5, 0), (3, 1), (5, 1), (3, 1), (3, 0)), 6)
+REDUCTION = (((5, 0), (7, 1), (7, 1), (5, 1), (3, 2)), 4)
+
+
+def nasnet_a_cell(kind, c_in, c_prev, f):
+  """A cell of `f` filters on an input of c_in channels and a previous output of c_prev: its
+  weights, batch-norm channels and output width. A 1x1 brings the input to f; the previous
+  output comes to f through a 1x1, or a factorized reduction's two 1x1s to f/2 (the same count).
+  Without a previous cell (the first stem cell) slim passes the raw input on as state 1.
+  Each separable branch runs twice: depthwise k x k, pointwise 1x1, batch norm."""
+  separables, concatenated = kind
+  weights, bn = c_in * f + (c_prev or 0) * f, f + (f if c_prev else 0)
+  state1 = f if c_prev else c_in
+  for k, state in separables:
+    c = state1 if state == 1 else f
+    weights += (k * k * c + c * f) + (k * k * f + f * f)
+    bn += 2 * f
+  return weights, bn, concatenated * f
+
+
+def nasnet_a_large_parameters(classes=1001, cells=18, filters=168, stem=96):
+  """NASNet-A Large as slim's nasnet.py builds it, without the auxiliary head: its weights
+  (convolutions and the final dense layer) and its batch-norm channels.
+
+  At classes=1000 these give Keras' NASNetLarge (slim's weights): 88,753,150 trainable
+  (weights, gamma and beta) and 196,668 moving statistics (mean and variance). The 1001st class
+  adds 4032 + 1 to the dense layer.
+  """
+  counts = [(3 * 3 * 3 * stem, stem)]  # conv0 (3x3, stride 2) and its batch norm
+  outputs = [None, stem]  # each cell's output width
+
+  def add(kind, f, prev):
+    weights, bn, out = nasnet_a_cell(kind, outputs[-1], prev, f)
+    counts.append((weights, bn))
+    outputs.append(out)
+
+  for f in (filters // 4, filters // 2):  # the two reduction stem cells
+    add(REDUCTION, f, outputs[-2])
+  f = filters
+  for i in range(cells):
+    prev = outputs[-2]  # skip_reduction_layer_input: the cell after a reduction skips it
+    if i in (cells // 3, 2 * cells // 3):
+      f *= 2
+      add(REDUCTION, f, outputs[-2])
+    add(NORMAL, f, prev)
+  weights = sum(w for w, _ in counts) + outputs[-1] * classes + classes
+  return weights, sum(b for _, b in counts)
+
+
+def test_the_derivation_is_keras_nasnet_large_at_1000_classes():
+  """The layer-by-layer count against a published one (Keras' NASNetLarge, slim's weights):
+  88,753,150 trainable and 196,668 batch-norm moving statistics."""
+  weights, bn_channels = nasnet_a_large_parameters(classes=1000)
+  assert (weights + 2 * bn_channels, 2 * bn_channels) == (88_753_150, 196_668)
 
 
 @pytest.mark.slow
@@ -24,9 +78,10 @@ def test_full_size_parameter_count():
   w = nasnet.NASNET_LARGE
   trainer = w.trainer(w.resolve(), precision.get('fp32'))
   shapes = jax.eval_shape(trainer.init, jax.random.key(0))
-  trainable = wl.count_params(shapes.params)
-  assert trainable == KERAS_TRAINABLE_1000 + 4032 + 1
-  assert wl.count_params(shapes.model_state['batch_stats']) == BN_MOVING_STATS
+  weights, bn_channels = nasnet_a_large_parameters()
+  # Batch norm: gamma and beta trained, mean and variance in batch_stats.
+  assert wl.count_params(shapes.params) == weights + 2 * bn_channels  # 88,757,183
+  assert wl.count_params(shapes.model_state['batch_stats']) == 2 * bn_channels  # 196,668
 
 
 @pytest.mark.slow

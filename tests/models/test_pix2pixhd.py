@@ -70,10 +70,9 @@ def test_param_counts_at_full_size():
   shapes = jax.eval_shape(trainer.init, jax.random.key(0))
   counts = wl.param_counts(trainer, shapes)
   glob, local = _reference_generator()
-  assert glob + local == REFERENCE_G
-  assert sum(_reference_generator(inputs=36)) == 182_857_059  # without the instance features
-  assert (counts['generator'], counts['discriminator']) == (REFERENCE_G, REFERENCE_D)
-  assert counts['total'] == counts['generator'] + counts['discriminator']  # VGG is not trained
+  # The total counts the two networks alone: the fixed VGG19 is not among the trained parameters.
+  total = REFERENCE_G + REFERENCE_D
+  assert counts == {'total': total, 'generator': REFERENCE_G, 'discriminator': REFERENCE_D}
   assert wl.count_params(shapes.vgg_params) > 12_000_000  # VGG19 up to conv5_1
   generator = shapes.params['generator']
   assert generator['global']['stem']['kernel'].shape == (7, 7, 39, 64)
@@ -89,11 +88,15 @@ def test_param_counts_at_full_size():
 
 @pytest.mark.slow
 def test_one_step_updates_both_networks(tiny):
-  state, batch, _ = tiny
+  state, batch, grad_fn = tiny
   new, metrics = shared.tiny('pix2pixhd').step(state, batch, jax.random.key(0))
   for name in ('loss', 'g_loss', 'd_loss'):
     assert np.isfinite(float(metrics[name])), metrics
-  np.testing.assert_allclose(metrics['loss'], metrics['g_loss'] + metrics['d_loss'], rtol=1e-6)
+  # The losses reported are those at the parameters the step started from, whose gradients
+  # (test_combined_gradient_is_each_networks_own) are each network's own.
+  (value, expected), _ = grad_fn(state.params, state.vgg_params, batch)
+  for name, want in {'loss': value, **expected}.items():
+    np.testing.assert_allclose(metrics[name], want, rtol=1e-5, err_msg=name)
   moved = lambda a, b: jax.tree.map(lambda x, y: bool(jnp.any(x != y)), a, b)
   local = lambda p: {k: v for k, v in p.items() if k != 'global'}
   assert all(jax.tree.leaves(moved(new.params['discriminator'], state.params['discriminator'])))

@@ -12,23 +12,35 @@ from models.unsupmt import noise, xlm
 W = xlm.UNSUPMT
 CFG = W.resolve(tiny=True)
 
-# XLM's build_model logs sum(p.numel()) of the encoder and of the decoder. From the layer
-# shapes of xlm/model/transformer.py (TransformerModel with n_words=64139, emb_dim=1024,
-# n_layers=6, 2 languages, 512 positions, pred_layer weight tied to the embeddings):
-#   shared part  V*d + 512*d + 2*d + 2*d (layer_norm_emb) + V (pred_layer bias)
-#   layer        4*(d*d + d) + 2*d + (d*4d + 4d) + (4d*d + d) + 2*d  = 12,596,224
-#   decoder adds 4*(d*d + d) + 2*d per layer (encoder_attn, layer_norm15)
-XLM_ENCODER = 141_848_203
-XLM_DECODER = 167_050_891
+
+def _xlm_params(n_words, dim, n_layers, n_positions, n_langs, is_decoder):
+  """sum(p.numel()) of XLM's TransformerModel(with_output=True), which build_model logs, from
+  the layer shapes of xlm/model/transformer.py. The heads split `dim` without parameters of
+  their own."""
+  linear = lambda cin, cout: cin * cout + cout  # nn.Linear with its bias
+  layer_norm = 2 * dim
+  attention = 4 * linear(dim, dim)  # MultiHeadAttention: q_lin, k_lin, v_lin, out_lin
+  ffn = linear(dim, 4 * dim) + linear(4 * dim, dim)  # TransformerFFN: hidden_dim = 4 * dim
+  layer = attention + layer_norm + ffn + layer_norm  # attentions, layer_norm1, ffns, layer_norm2
+  if is_decoder:
+    layer += attention + layer_norm  # encoder_attn, layer_norm15
+  # Word, position and language embeddings, then layer_norm_emb.
+  embeddings = (n_words + n_positions + n_langs) * dim + layer_norm
+  # PredLayer: its proj's weight is the word embeddings (share_inout_emb), its bias its own.
+  pred_layer = n_words
+  return embeddings + n_layers * layer + pred_layer
 
 
 def test_full_size_param_count_matches_xlm():
-  trainer = W.trainer(W.config, precision.get('fp32'))
+  cfg = W.config
+  trainer = W.trainer(cfg, precision.get('fp32'))
   params = jax.eval_shape(trainer.init, jax.random.key(0)).params
   encoder, decoder = wl.count_params(params['encoder']), wl.count_params(params['decoder'])
-  assert decoder == XLM_DECODER
-  # The MT encoder never predicts words: its pred_layer bias (V) is left out here.
-  assert encoder == XLM_ENCODER - W.config['vocab']
+  shapes = (cfg['vocab'], cfg['d_model'], cfg['layers'], cfg['max_positions'], cfg['n_langs'])
+  assert decoder == _xlm_params(*shapes, is_decoder=True)
+  # XLM builds the MT encoder with an output layer too, but it never predicts words: its
+  # pred_layer bias (n_words) is left out here.
+  assert encoder == _xlm_params(*shapes, is_decoder=False) - cfg['vocab']
 
 
 def test_flops_include_the_generation():
