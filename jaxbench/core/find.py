@@ -50,6 +50,7 @@ class _Run:
     if self.program.init_s is not None:  # the first trial that ran built the initial state
       self.result['init_s'] = round(self.program.init_s, 3)
       self.result['init_cached'] = self.program.init_cached
+      self.result['init_pooled'] = self.program.init_pooled
     self.progress.changed()  # before the line: a log that shows a trial has it in the checkpoint
     self.log(search_log.trial_line(self.w, t))
 

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxbench.core import init_cache, mesh
+from jaxbench.core import init_cache, mesh, pooled_draws
 from models import precision
 from models import workload as wl
 
@@ -112,16 +112,19 @@ class Program:
     # initial_state (a trace of the model: 2 s for nasnet_large); on a mesh its out_shardings
     # come from the shapes, so it is traced again there.
     self._init_traced = None
+    # The init's draws are made as a few large draws, not one per array (pooled_draws.py).
+    self.init_pooled = True
+    init = pooled_draws.pooled(self.trainer.init)
     if layout is None:
-      self._init = jax.jit(self.trainer.init)
+      self._init = jax.jit(init)
       with threefry_as_kernels():
         self._init_traced = self._init.trace(self.rng)
       self.state_shapes = self._init_traced.out_info
       self._state_shardings = None
     else:
-      self.state_shapes = jax.eval_shape(self.trainer.init, self.rng)
+      self.state_shapes = jax.eval_shape(init, self.rng)
       self._state_shardings = layout.state(self.state_shapes)
-      self._init = jax.jit(self.trainer.init, out_shardings=self._state_shardings)
+      self._init = jax.jit(init, out_shardings=self._state_shardings)
     # The state is donated: the step updates parameters and optimizer state in
     # place, so XLA may reuse their memory instead of holding two copies.
     placed = {}  # one device: where JAX puts it; on a mesh, the step keeps the state's layout
@@ -214,10 +217,30 @@ class Program:
       with threefry_as_kernels():
         lowered = (self._init_traced or self._init.trace(self.rng)).lower()
       self._init_executable, self.init_cached = init_cache.compile(lowered, self._init_cache_dir)
-    state = jax.block_until_ready(self._init_executable(self.rng))
+    try:
+      state = jax.block_until_ready(self._init_executable(self.rng))
+    except Exception as e:  # pylint: disable=broad-except
+      if not (self.init_pooled and is_oom(e)):
+        raise
+      e.__traceback__ = None
+      del e
+      release()
+      state = self._per_array_initial_state()
     if self.init_s is None:
       self.init_s = time.perf_counter() - start
     return state
+
+  def _per_array_initial_state(self):
+    """The initial state drawn array by array, from now on: the pooled draws' temporaries did
+    not fit beside the state (a memory cap of a few GB), and whether the state fits is for the
+    step to decide, not for how its init draws."""
+    self.init_pooled = False
+    placed = {} if self.layout is None else {'out_shardings': self._state_shardings}
+    self._init, self._init_traced = jax.jit(self.trainer.init, **placed), None
+    with threefry_as_kernels():
+      lowered = self._init.trace(self.rng).lower()
+    self._init_executable, self.init_cached = init_cache.compile(lowered, self._init_cache_dir)
+    return jax.block_until_ready(self._init_executable(self.rng))
 
   def materialize(self, n: int):
     """A fresh state and a batch of n examples (per device; built by a jitted function, where
