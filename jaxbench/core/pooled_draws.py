@@ -26,19 +26,23 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-try:  # the module whose functions Flax's and JAX's initializers call
+POOLED = ('normal', 'truncated_normal', 'uniform')
+
+try:  # the module whose functions Flax's and JAX's initializers call, and their signatures
   from jax._src import core as _core
   from jax._src import random as _random
-except ImportError:  # another JAX's layout: the init runs as it is
-  _core = _random = None
 
-POOLED = ('normal', 'truncated_normal', 'uniform')
+  _SIGNATURES = {n: inspect.signature(getattr(_random, n)) for n in POOLED}
+  _TRACE_CTX = _core.trace_ctx  # which trace a draw is made in
+except (ImportError, AttributeError):  # another JAX's layout: the init runs as it is
+  _random = _TRACE_CTX = None
+  _SIGNATURES = {}
+
 # The most elements one pooled draw makes (128 MB of float32): the draw is a temporary of the
 # init program, beside the state it fills.
 POOL_ELEMENTS = 2**25
 
 _LOCK = threading.Lock()
-_SIGNATURES = {} if _random is None else {n: inspect.signature(getattr(_random, n)) for n in POOLED}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,11 +87,11 @@ def _routed(handler: Callable[..., Any]):
   """While the init is traced on this thread, at the level of the trace this is entered in,
   jax.random's poolable draws go to handler(original, draw, params); every other call of them
   (on another thread, inside a vmap or a scan, with array parameters) is made as asked."""
-  owner, level = threading.get_ident(), _core.trace_ctx.trace
+  owner, level = threading.get_ident(), _TRACE_CTX.trace
 
   def route(name, original):
     def draw(key, *args, **kwargs):
-      here = threading.get_ident() == owner and _core.trace_ctx.trace is level
+      here = threading.get_ident() == owner and _TRACE_CTX.trace is level
       described = _describe(name, args, kwargs) if here else None
       if described is None:
         return original(key, *args, **kwargs)
@@ -139,7 +143,7 @@ def _pools(draws: list[_Draw]) -> tuple[list[tuple[int, int]], list[int]]:
 def pooled(init: Callable[[Any], Any]) -> Callable[[Any], Any]:
   """`init(rng)` with its draws pooled (the module's docstring); `init` itself where this JAX
   lacks what the pooling needs."""
-  if _random is None or not hasattr(_core, 'trace_ctx'):
+  if _random is None:
     return init
 
   def wrapped(rng):
