@@ -2,6 +2,9 @@
 distributions from a few large draws, every array its own slice, and every draw that cannot be
 pooled made as the init asked."""
 
+import subprocess
+import sys
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -86,17 +89,21 @@ def test_the_pooled_init_is_deterministic_in_its_key():
       assert not np.array_equal(x, z)
 
 
-def test_draws_inside_a_vmap_stay_one_per_element():
-  """A call inside vmap stands for a draw per element: pooling it would give every element
-  the same slice (mask_rcnn's synthetic images are drawn so in its init)."""
+def test_draws_inside_a_vmap_or_a_scan_stay_one_per_element():
+  """A call inside vmap or scan stands for a draw per element or step: pooling it would give
+  every one the same slice (mask_rcnn's synthetic images are drawn in a vmap in its init)."""
 
   def init(rng):
     keys = jax.random.split(rng, 3)
-    return jax.vmap(lambda k: jax.random.normal(k, (5,)))(keys), jax.random.normal(rng, (5,))
+    batched = jax.vmap(lambda k: jax.random.normal(k, (5,)))(keys)
+    _, scanned = jax.lax.scan(lambda c, k: (c, jax.random.uniform(k, (5,))), 0, keys)
+    return batched, scanned, jax.random.normal(rng, (5,))
 
-  batched, single = jax.jit(pooled_draws.pooled(init))(jax.random.key(4))
-  assert not np.allclose(batched[0], batched[1]) and not np.allclose(batched[1], batched[2])
-  np.testing.assert_array_equal(batched, init(jax.random.key(4))[0])
+  batched, scanned, single = jax.jit(pooled_draws.pooled(init))(jax.random.key(4))
+  plain = init(jax.random.key(4))
+  for drawn, want in ((batched, plain[0]), (scanned, plain[1])):
+    assert not np.allclose(drawn[0], drawn[1]) and not np.allclose(drawn[1], drawn[2])
+    np.testing.assert_array_equal(drawn, want)
   assert single.shape == (5,)
 
 
@@ -171,3 +178,33 @@ def test_other_failures_of_the_pooled_init_are_not_retried():
   with pytest.raises(ValueError, match='something else'):
     p.initial_state()
   assert p.init_pooled
+
+
+def test_the_init_benchmark_compiles_both_forms_and_gives_their_ratio():
+  from jaxbench import init_benchmark  # pylint: disable=g-import-not-at-top
+
+  table = init_benchmark.rows(['bert_base'], None, True, None, rounds=1)
+  assert [r[:2] for r in table] == [
+    ('bert_base', 'per array'),
+    ('bert_base', 'pooled'),
+    ('bert_base', 'per array / pooled'),
+  ]
+  per_array, pooled, ratio = table
+  assert pooled[4] < per_array[4]  # fewer fusions
+  assert float(ratio[3].rstrip('x')) > 0
+
+
+@pytest.mark.parametrize(
+  'args, message',
+  [
+    (['--models=bert_base,nope'], 'unknown nope'),
+    (['--rounds=0'], 'not a positive integer'),
+    (['--compile_for=a100'], 'unknown target'),
+  ],
+)
+def test_the_init_benchmark_refuses_bad_input_in_one_line(args, message):
+  r = subprocess.run(
+    [sys.executable, '-m', 'jaxbench.init_benchmark', *args], capture_output=True, text=True
+  )
+  assert r.returncode == 2 and r.stdout == ''
+  assert r.stderr.count('\n') == 1 and message in r.stderr, r.stderr

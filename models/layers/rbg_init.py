@@ -22,6 +22,11 @@ def rbg_key(key: jax.Array) -> jax.Array:
   return jax.random.wrap_key_data(jnp.concatenate([data, data ^ jnp.uint32(_GOLDEN)]), impl='rbg')
 
 
+# The platform the initial state is built for where it is not this process's backend: a GPU's
+# program compiled on a host without one (python -m jaxbench.init_benchmark --compile_for).
+BUILD_PLATFORM: str | None = None
+
+
 def rbg(base: Initializer) -> Initializer:
   """`base` drawing its randomness from the RBG generator, except where threefry is one kernel.
 
@@ -32,7 +37,8 @@ def rbg(base: Initializer) -> Initializer:
   """
 
   def init(key, shape, dtype=jnp.float32):
-    if jax.config.jax_threefry_gpu_kernel_lowering and jax.default_backend() == 'gpu':
+    platform = BUILD_PLATFORM or jax.default_backend()
+    if jax.config.jax_threefry_gpu_kernel_lowering and platform == 'gpu':
       return base(key, shape, dtype)
     return base(rbg_key(key), shape, dtype)
 

@@ -1,0 +1,16 @@
+"""Flags of the initial state's compile benchmark (python -m jaxbench.init_benchmark); it takes
+--precision and --tiny from flags/run.py and --compile_for from flags/sweep.py."""
+
+from absl import flags
+
+MODELS = flags.DEFINE_list(
+  'models',
+  'nasnet_large,mask_rcnn,mt_dnn,deeplabv3,transformer_big,bert_base',
+  'Workloads whose init program to compile, comma-separated.',
+)
+ROUNDS = flags.DEFINE_integer(
+  'rounds',
+  2,
+  'Compile each form this many times, in turn (per array, pooled, per array, pooled, ...).',
+  lower_bound=1,
+)
