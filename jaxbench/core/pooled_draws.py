@@ -42,7 +42,7 @@ except (ImportError, AttributeError):  # another JAX's layout: the init runs as 
 # init program, beside the state it fills.
 POOL_ELEMENTS = 2**25
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
 
 
 @dataclasses.dataclass(frozen=True)
