@@ -113,7 +113,8 @@ def test_without_dropout_or_a_mask_the_kernels_are_plain_attention():
     assert _rel_err(g, w) < 1e-5
 
 
-def test_bfloat16_inputs_stay_within_bfloat16_rounding_of_float32():
+@pytest.mark.parametrize('dtype, tolerance', [(jnp.bfloat16, 2e-2), (jnp.float16, 4e-3)])
+def test_16_bit_inputs_stay_within_their_rounding_of_float32(dtype, tolerance):
   q, k, v, cotangent = _inputs(2, 2, 24, 24, 2, 16)
   rng = jax.random.key(9)
   common = dict(dropout_rng=rng, dropout_rate=0.1, broadcast_dropout=False)
@@ -121,13 +122,13 @@ def test_bfloat16_inputs_stay_within_bfloat16_rounding_of_float32():
     want = _values_and_grads(
       lambda q, k, v: nn.dot_product_attention(q, k, v, **common), q, k, v, cotangent
     )
-  low = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+  low = [x.astype(dtype) for x in (q, k, v)]
   got = _values_and_grads(
     lambda q, k, v: fused_attention.dot_product_attention(q, k, v, **common), *low, cotangent
   )
   for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
-    assert g.dtype == jnp.bfloat16
-    assert _rel_err(g, w) < 2e-2
+    assert g.dtype == dtype
+    assert _rel_err(g, w) < tolerance
 
 
 @pytest.mark.parametrize(
