@@ -29,6 +29,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from models.layers import threefry_bits
+
 # What a masked score becomes: Flax's (the float32 minimum), so that a row with every key masked
 # is uniform over its keys as in Flax. Keys added to fill a block get -inf and weigh nothing.
 MASKED = float(np.finfo(np.float32).min)
@@ -79,36 +81,6 @@ def _round_up(n: int, m: int) -> int:
 
 def _block(n: int, cap: int) -> int:
   return min(cap, max(16, pl.next_power_of_2(n)))
-
-
-# --- threefry2x32, as jax.random draws its bits (Salmon et al. 2011, 20 rounds) ---
-
-_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-
-
-def _rotl(x, d):
-  return (x << np.uint32(d)) | (x >> np.uint32(32 - d))
-
-
-def threefry2x32(k0, k1, x0, x1):
-  """Threefry-2x32 of the counter (x0, x1) under the key (k0, k1); uint32 arrays."""
-  ks = (k0, k1, k0 ^ k1 ^ np.uint32(0x1BD11BDA))
-  x0, x1 = x0 + ks[0], x1 + ks[1]
-  for i in range(5):
-    for r in _ROTATIONS[i % 2]:
-      x0 = x0 + x1
-      x1 = _rotl(x1, r) ^ x0
-    x0 = x0 + ks[(i + 1) % 3]
-    x1 = x1 + ks[(i + 2) % 3] + np.uint32(i + 1)
-  return x0, x1
-
-
-def keep_mask(k0, k1, hi, lo, keep: float):
-  """jax.random.bernoulli(key, keep) at the elements whose flat index is hi * 2**32 + lo."""
-  x0, x1 = threefry2x32(k0, k1, hi, lo)
-  bits = x0 ^ x1
-  uniform = lax.bitcast_convert_type((bits >> np.uint32(9)) | np.uint32(0x3F800000), jnp.float32)
-  return uniform - 1.0 < np.float32(keep)
 
 
 def _counters(spec: Spec, base_hi, base_lo, rows, cols):
@@ -166,7 +138,7 @@ def _forward_kernel(spec: Spec, *refs):
     row_sum = row_sum * correction + p.sum(axis=1)
     if spec.dropout:
       hi, lo = _counters(spec, hi_ref[0], lo_ref[0], rows, k_start + jnp.arange(bk))
-      kept = keep_mask(seed_ref[0], seed_ref[1], hi, lo, spec.keep)
+      kept = threefry_bits.keep_mask(seed_ref[0], seed_ref[1], hi, lo, spec.keep)
       keep_ref[:, cols] = kept.astype(jnp.int8)
       p = jnp.where(kept, p, 0.0)
     v = v_ref[cols, :]

@@ -14,7 +14,7 @@ import pytest
 from flax import linen as nn
 from jax.extend import random as jex_random
 
-from models.layers import attention, fused_attention
+from models.layers import attention, fused_attention, threefry_bits
 
 SMALL_TILES = dict(block_q=16, block_k=16, block_bwd=16)
 
@@ -46,7 +46,7 @@ def test_the_kernel_hash_is_jax_threefry2x32():
   x0 = jnp.asarray(rng.integers(0, 2**32, 64), jnp.uint32)
   x1 = jnp.asarray(rng.integers(0, 2**32, 64), jnp.uint32)
   want = jex_random.threefry_2x32(jnp.array([k0, k1], jnp.uint32), jnp.concatenate([x0, x1]))
-  got = fused_attention.threefry2x32(k0, k1, x0, x1)
+  got = threefry_bits.threefry2x32(k0, k1, x0, x1)
   np.testing.assert_array_equal(np.concatenate(got), want)
 
 
@@ -56,7 +56,7 @@ def test_keep_mask_is_jax_random_bernoulli_on_the_flat_index():
   want = jax.random.bernoulli(key, 0.9, shape).reshape(-1)
   k0, k1 = jax.random.key_data(key).astype(jnp.uint32)
   lo = jnp.arange(want.size, dtype=jnp.uint32)
-  got = fused_attention.keep_mask(k0, k1, jnp.zeros_like(lo), lo, 0.9)
+  got = threefry_bits.keep_mask(k0, k1, jnp.zeros_like(lo), lo, 0.9)
   np.testing.assert_array_equal(got, want)
   assert 0 < int(want.sum()) < want.size
 
