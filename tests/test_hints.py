@@ -41,6 +41,7 @@ def test_only_the_same_program_compiler_and_device_count(tmp_path):
     _record(workload='bert_squad'),
     _record(workload_revision=1),  # the model's program changed since
     _record(tiny=True),
+    _record(prng_impl='unsafe_rbg'),  # other random bits in the step: another program
   ]
   lines = [json.dumps(r) for r in [_record(), *others]]
   path.write_text('\n'.join(lines) + '\n{"cut short')
@@ -49,6 +50,13 @@ def test_only_the_same_program_compiler_and_device_count(tmp_path):
   peaks, matched = hints.load([str(path)], head)
   assert matched == 1
   assert peaks == {1: 1480, 188: 23906}
+
+
+def test_a_record_without_a_prng_used_jaxs_default(tmp_path):
+  path = tmp_path / 'earlier.jsonl'
+  path.write_text(json.dumps(_record()) + '\n')
+  assert hints.load([str(path)], _record(prng_impl='threefry2x32'))[1] == 1
+  assert hints.load([str(path)], _record(prng_impl='rbg'))[1] == 0
 
 
 def test_no_files_no_hints():

@@ -96,6 +96,12 @@ def test_a_run_of_todays_program_has_no_label_and_a_command_without_sets(toy):
   assert '--precision=bf16 --search_tolerance=0 --warmup' in commands.command_of(exact)
 
 
+def test_a_run_under_another_prng_gets_the_variable_that_chose_it(toy):
+  assert commands.command_of(_run(prng_impl='threefry2x32')) == commands.command_of(_run())
+  command = commands.command_of(_run(prng_impl='unsafe_rbg'))
+  assert command.startswith('JAX_DEFAULT_PRNG_IMPL=unsafe_rbg python -m jaxbench.main --model=toy')
+
+
 def test_an_earlier_revision_is_labelled_by_its_revision(toy):
   assert commands.earlier_form(_run(workload_revision=1)) == 'earlier form: revision 1'
   old = _run()

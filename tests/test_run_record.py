@@ -45,7 +45,11 @@ def run(tmp_path_factory):
     ],
     capture_output=True,
     text=True,
-    env={**os.environ, 'PYTHONPATH': ROOT, 'JAX_PLATFORMS': 'cpu'},
+    env={
+      **{k: v for k, v in os.environ.items() if k != 'JAX_DEFAULT_PRNG_IMPL'},
+      'PYTHONPATH': ROOT,
+      'JAX_PLATFORMS': 'cpu',
+    },
     cwd=ROOT,
   )
   assert proc.returncode == 0, proc.stderr
@@ -66,6 +70,7 @@ def test_the_record_carries_its_environment(run):
   assert record['optax_version'] == optax.__version__
   for key in ('cuda_version', 'cudnn_version', 'cuda_driver_version', 'driver_version'):
     assert record[key] is None, key  # on the CPU: no CUDA, no driver
+  assert record['prng_impl'] == 'threefry2x32'  # JAX's default: the run's environment names none
   if os.path.exists(os.path.join(ROOT, '.git')):
     head = subprocess.run(
       ['git', '-C', ROOT, 'rev-parse', 'HEAD'], capture_output=True, text=True

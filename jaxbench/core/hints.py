@@ -29,7 +29,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-from jaxbench.results import store
+from jaxbench.results import records, store
 
 if TYPE_CHECKING:  # probe imports JAX; the report reads hints without it
   from jaxbench.core import probe
@@ -53,10 +53,11 @@ def compiler_flags(xla_flags: str | None) -> str:
 def program_key(r: dict[str, Any]) -> str:
   """What decides a result's compile-time forecasts, as one comparable string: its program and
   compiler (_SAME, the workload revision, the configuration, the XLA flags without cache
-  locations) and its device kind. The memory cap is not in it."""
+  locations, the PRNG implementation) and its device kind. The memory cap is not in it."""
   fields = {k: r.get(k) for k in _SAME}
   fields['revision'] = store.revision(r)
   fields['xla_flags'] = compiler_flags(r.get('xla_flags'))
+  fields['prng_impl'] = records.prng_impl(r)  # another PRNG's draws, another step
   fields['config'] = r.get('config')
   fields['kind'] = (r.get('device') or {}).get('kind')
   par = r.get('parallel') or {}  # a data-parallel step is another program (its collectives)
@@ -73,11 +74,11 @@ def _same_program(paths: Iterable[str], head: dict[str, Any]) -> Iterator[dict[s
   that is not a result is reported once on stderr and skipped (store.read)."""
   want = program_key(head)
   for path in paths:
-    records, warning = store.read(path)
+    found, warning = store.read(path)
     if warning and warning not in _reported:
       _reported.add(warning)
       print(warning, file=sys.stderr, flush=True)
-    yield from (r for r in records if program_key(r) == want)
+    yield from (r for r in found if program_key(r) == want)
 
 
 def load(paths: Iterable[str], head: dict[str, Any]) -> tuple[dict[int, int], int]:

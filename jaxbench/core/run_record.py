@@ -77,6 +77,8 @@ def identity(
     **environment.environment(),
     'device': dev,
     'xla_flags': os.environ.get('XLA_FLAGS', ''),
+    # Which PRNG draws the step's dropout and the synthetic batch (JAX_DEFAULT_PRNG_IMPL).
+    'prng_impl': str(jax.config.jax_default_prng_impl),
     'workload': w.name,
     'workload_revision': w.revision,
     'unit': w.unit,

@@ -117,8 +117,11 @@ def command_of(r: dict[str, Any]) -> str:
   precision, preset, config (--set), memory, batch, timing, search and compiler settings.
 
   Flags that do not change what is measured (output files, caches, search hints) are left out;
-  precision and timing are given even at their defaults, which may change."""
+  precision and timing are given even at their defaults, which may change. A JAX run under
+  another PRNG than JAX's default gets the environment variable that chose it."""
   args = ['python', '-m', 'jaxbench.main', f'--model={r["workload"]}']
+  if records.framework(r) == 'jax' and records.prng_impl(r) != 'threefry2x32':
+    args.insert(0, f'JAX_DEFAULT_PRNG_IMPL={records.prng_impl(r)}')
   args.append(f'--precision={r["precision"]}')
   if r.get('tiny'):
     args.append('--tiny')

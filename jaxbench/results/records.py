@@ -36,6 +36,12 @@ def autotune_level(result: dict[str, Any]) -> int | None:
   return level
 
 
+def prng_impl(result: dict[str, Any]) -> str:
+  """The JAX PRNG implementation that drew a run's dropout and synthetic batch
+  (JAX_DEFAULT_PRNG_IMPL); a record from before the field was JAX's default, threefry2x32."""
+  return result.get('prng_impl') or 'threefry2x32'
+
+
 def human_bytes(n: int | None) -> str:
   if n is None:
     return '-'
