@@ -102,6 +102,14 @@ def test_a_run_under_another_prng_gets_the_variable_that_chose_it(toy):
   assert command.startswith('JAX_DEFAULT_PRNG_IMPL=unsafe_rbg python -m jaxbench.main --model=toy')
 
 
+def test_a_run_with_xla_flags_of_its_own_gets_them_and_not_jaxbenchs(toy):
+  own = '--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=rematerialization'
+  assert commands.command_of(_run(xla_flags=own)) == commands.command_of(_run())
+  command = commands.command_of(_run(xla_flags='--xla_gpu_enable_cublaslt=true ' + own))
+  assert command.startswith("XLA_FLAGS='--xla_gpu_enable_cublaslt=true' python -m jaxbench.main")
+  assert '--triton_gemm' not in command and '--remat' not in command
+
+
 def test_an_earlier_revision_is_labelled_by_its_revision(toy):
   assert commands.earlier_form(_run(workload_revision=1)) == 'earlier form: revision 1'
   old = _run()
@@ -186,6 +194,8 @@ def test_the_command_carries_memory_batch_search_and_compiler_settings(toy):
 
 def _parse(command: str):
   argv = shlex.split(command)
+  while argv and argv[0].startswith(('XLA_FLAGS=', 'JAX_DEFAULT_PRNG_IMPL=')):
+    argv = argv[1:]  # the environment the run had beside jaxbench's flags
   assert argv[:3] == ['python', '-m', 'jaxbench.main']
   FLAGS.unparse_flags()
   FLAGS(['jaxbench.main', *argv[3:]])
@@ -290,6 +300,23 @@ def test_the_default_configuration_speaks_even_when_a_set_names_it(toy):
   t, rest = measured.table([named_default, other]), measured.others([named_default, other])
   assert '--set=resample=phases' in t.rows[0][10]
   assert [r[10] for r in rest.rows] == [commands.command_of(other)]
+
+
+def test_a_later_run_with_other_compiler_settings_keeps_its_own_row_and_does_not_speak(toy):
+  fixed = {'search': {'mode': 'fixed', 'trials': []}, 'max_batch': 32}
+  plain = _run(**fixed)
+  own = '--xla_gpu_enable_triton_gemm=false --xla_disable_hlo_passes=rematerialization'
+  later = dict(fixed, timestamp='2026-12-02T00:00:00+00:00')
+  triton = _run(**later, xla_flags='--xla_disable_hlo_passes=rematerialization')
+  cublaslt = _run(**later, xla_flags='--xla_gpu_enable_cublaslt=true ' + own)
+  rbg = _run(**later, prng_impl='rbg')
+  assert records.compiler(plain) == '' and records.compiler(triton) == '--triton_gemm'
+  assert records.compiler(cublaslt) == "XLA_FLAGS='--xla_gpu_enable_cublaslt=true'"
+  assert records.compiler(rbg) == 'JAX_DEFAULT_PRNG_IMPL=rbg'
+  results = [plain, triton, cublaslt, rbg]
+  t, rest = measured.table(results), measured.others(results)
+  assert [r[10] for r in t.rows] == [commands.command_of(plain)]
+  assert sorted(r[10] for r in rest.rows) == sorted(map(commands.command_of, results[1:]))
 
 
 def test_one_example_is_singular_and_figures_keep_their_digits(toy):

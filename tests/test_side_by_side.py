@@ -78,15 +78,39 @@ def test_a_jax_run_with_an_override_pairs_with_no_pytorch_run(toy):  # noqa: F81
   t = side_by_side.table(results)
   assert len(t.rows) == 1
   assert cells(t)['JAX'] == '1,500.0 images/s'
-  # A --set that names the default value runs the same program: it pairs, and being later, wins.
+  # A --set that names the default value runs the same program: it pairs, and being nearer the
+  # PyTorch run in time (made by the same command), wins.
   named = jax_run(
     1400.0,
     search=FIXED,
     max_batch=64,
     overrides=[['resample', 'phases']],
-    timestamp='2026-12-03T00:00:00+00:00',
+    timestamp='2026-12-01T23:40:00+00:00',
   )
   assert cells(side_by_side.table([*results, named]))['JAX'] == '1,400.0 images/s'
+
+
+def test_the_jax_side_is_the_run_nearest_in_time_to_the_pytorch_runs(toy):  # noqa: F811
+  at = lambda day, hour: f'2026-12-0{day}T{hour:02d}:00:00+00:00'
+  fixed = dict(search=FIXED, max_batch=64)
+  results = [
+    jax_run(1500.0, **fixed, timestamp=at(1, 10)),
+    jax_run(1450.0, **fixed, timestamp=at(2, 12)),  # beside the PyTorch runs
+    jax_run(1400.0, **fixed, timestamp=at(4, 9)),  # a later JAX run alone
+    torch_run(1200.0, **fixed, timestamp=at(2, 12)),
+    torch_run(1300.0, **fixed, timestamp=at(2, 13), torch_compile=True, compile_s=30.0),
+  ]
+  row = cells(side_by_side.table(results))
+  assert row['JAX'] == '1,450.0 images/s' and row['date'] == '2026-12-02'
+
+
+def test_a_jax_run_with_compiler_settings_of_its_own_pairs_with_no_pytorch_run(toy):  # noqa: F811
+  plain = jax_run(1500.0, search=FIXED, max_batch=64, timestamp='2026-12-01T00:00:00+00:00')
+  later = dict(search=FIXED, max_batch=64, timestamp='2026-12-02T00:00:00+00:00')
+  triton = jax_run(1600.0, **later, xla_flags='--xla_disable_hlo_passes=rematerialization')
+  rbg = jax_run(1700.0, **later, prng_impl='rbg')
+  t = side_by_side.table([plain, triton, rbg, torch_run(1200.0, search=FIXED, max_batch=64)])
+  assert len(t.rows) == 1 and cells(t)['JAX'] == '1,500.0 images/s'
 
 
 def test_a_jax_run_of_an_earlier_revision_says_so(toy):  # noqa: F811

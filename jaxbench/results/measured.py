@@ -76,15 +76,16 @@ def is_fixed(r: dict[str, Any]) -> bool:
 
 
 def _key(r: dict[str, Any]) -> tuple:
-  """A row: the program (workload, revision, precision, preset, configuration, autotuning), the
-  memory and the batch (a search's, or a fixed one); a later result of the same row replaces it."""
+  """A row: the program (workload, revision, precision, preset, configuration, compiler and PRNG
+  settings), the memory and the batch (a search's, or a fixed one); a later result of the same
+  row replaces it."""
   return (
     r['workload'],
     store.revision(r),
     r['precision'],
     bool(r.get('tiny')),
     json.dumps(r.get('config'), sort_keys=True, default=str),
-    records.autotune_level(r),
+    records.compiler(r),
     memory_of(r),
     r['max_batch'] if is_fixed(r) else None,
     devices_of(r),
@@ -175,14 +176,15 @@ def _rank(r: dict[str, Any]) -> tuple:
   """Which run speaks for its workload, precision and memory: a search before a fixed batch (which
   speaks only where no search ran), then today's program, its default configuration (a --set
   that names a default value changes nothing) or, among earlier forms, the latest revision and
-  the configuration nearest today's default, XLA's own autotuning, and the latest."""
+  the configuration nearest today's default, jaxbench's default compiler settings (XLA's own
+  autotuning, no Triton GEMMs, no XLA flags or PRNG of the run's own), and the latest."""
   return (
     not is_fixed(r),
     commands.earlier_form(r) is None,
     commands.default_config(r),
     store.revision(r),
     -commands.keys_off_default(r),
-    records.autotune_level(r) is None,
+    not records.compiler(r),
     r.get('timestamp', ''),
   )
 

@@ -36,10 +36,45 @@ def autotune_level(result: dict[str, Any]) -> int | None:
   return level
 
 
+# The XLA flags jaxbench sets itself from its own flags (jaxbench/core/backend.py), by prefix.
+_OWN_XLA_FLAGS = (
+  '--xla_gpu_memory_limit_slop_factor=',
+  '--xla_gpu_enable_triton_gemm=false',
+  '--xla_gpu_autotune_level=',
+  '--xla_gpu_per_fusion_autotune_cache_dir=',
+  '--xla_gpu_dump_autotune_logs_to=',
+  '--xla_disable_hlo_passes=rematerialization',
+)
+
+
+def user_xla_flags(result: dict[str, Any]) -> list[str]:
+  """The XLA flags a run had from its environment's XLA_FLAGS rather than from jaxbench's own
+  flags (--triton_gemm, --autotune_level, --remat, ...), in their order."""
+  flags = (result.get('xla_flags') or '').split()
+  return [f for f in flags if not f.startswith(_OWN_XLA_FLAGS)]
+
+
 def prng_impl(result: dict[str, Any]) -> str:
   """The JAX PRNG implementation that drew a run's dropout and synthetic batch
   (JAX_DEFAULT_PRNG_IMPL); a record from before the field was JAX's default, threefry2x32."""
   return result.get('prng_impl') or 'threefry2x32'
+
+
+def compiler(result: dict[str, Any]) -> str:
+  """A JAX run's compiler and PRNG settings away from jaxbench's defaults, as the command gives
+  them ('' for none, and for a PyTorch run): another autotuning level, Triton GEMMs, XLA flags
+  of the run's own, another PRNG. Each makes another program or another tuning of it."""
+  if framework(result) != 'jax':
+    return ''
+  flags = result.get('xla_flags')
+  parts = [] if autotune_level(result) is None else [f'--autotune_level={autotune_level(result)}']
+  if flags is not None and '--xla_gpu_enable_triton_gemm=false' not in flags.split():
+    parts.append('--triton_gemm')
+  if user_xla_flags(result):
+    parts.append("XLA_FLAGS='" + ' '.join(user_xla_flags(result)) + "'")
+  if prng_impl(result) != 'threefry2x32':
+    parts.append(f'JAX_DEFAULT_PRNG_IMPL={prng_impl(result)}')
+  return ' '.join(parts)
 
 
 def human_bytes(n: int | None) -> str:

@@ -2,6 +2,8 @@
 a measured JAX result and a measured PyTorch one (eager, torch.compile or both), and the ratio of
 JAX's throughput to the better PyTorch's."""
 
+import datetime
+import math
 from typing import Any, Iterable
 
 from jaxbench.results import commands, measured, records, store, tables
@@ -51,7 +53,8 @@ def side(r: dict[str, Any]) -> str:
 def key(r: dict[str, Any]) -> tuple:
   """What the sides of a row share: the GPU, workload, precision, preset, `--set` overrides,
   memory, devices and batch (a fixed one; None for a max-batch search). A JAX run with an override
-  that changes its program (such as attention_probs=recomputed) pairs with no PyTorch run; one that
+  that changes its program (such as attention_probs=recomputed) or with compiler settings away from
+  the defaults (--triton_gemm, XLA flags of its own) pairs with no PyTorch run; an override that
   names a default value changes nothing."""
   return (
     (r.get('device') or {}).get('kind'),
@@ -59,20 +62,40 @@ def key(r: dict[str, Any]) -> tuple:
     r['precision'],
     bool(r.get('tiny')),
     commands.changing_sets(r),
+    records.compiler(r),
     measured.memory_of(r),
     measured.devices_of(r),
     r['max_batch'] if measured.is_fixed(r) else None,
   )
 
 
+def _time(r: dict[str, Any]) -> float:
+  """A record's timestamp in seconds (-inf without one)."""
+  stamp = r.get('timestamp')
+  return datetime.datetime.fromisoformat(stamp).timestamp() if stamp else -math.inf
+
+
 def pairs(results: Iterable[dict[str, Any]]) -> list[dict[str, dict[str, Any]]]:
-  """Per row, side() -> the latest measured result of that side, for each key with a JAX result
-  and at least one PyTorch one; in the 2020 workload order, then precision, memory and batch."""
-  found: dict[tuple, dict[str, dict[str, Any]]] = {}
+  """Per row, side() -> a measured result of that side, for each key with a JAX result and at
+  least one PyTorch one: the latest PyTorch run of each mode, and the JAX run nearest in time to
+  the latest of them (the later of two as near), so that a row's sides come from one
+  `--frameworks` command where one ran them; in the 2020 workload order, then precision, memory
+  and batch."""
+  found: dict[tuple, dict[str, Any]] = {}
   for r in sorted(results, key=lambda r: r.get('timestamp') or ''):
     if measured.is_measured(r):
-      found.setdefault(key(r), {})[side(r)] = r
-  rows = [by for by in found.values() if 'jax' in by and len(by) > 1]
+      by = found.setdefault(key(r), {'jax': []})
+      if side(r) == 'jax':
+        by['jax'].append(r)
+      else:
+        by[side(r)] = r
+  rows = []
+  for by in found.values():
+    runs = by.pop('jax')
+    if runs and by:
+      when = max(_time(r) for r in by.values())
+      by['jax'] = min(reversed(runs), key=lambda r: abs(_time(r) - when))
+      rows.append(by)
   return sorted(rows, key=lambda by: (measured.order(by['jax']), key(by['jax'])[0] or ''))
 
 
