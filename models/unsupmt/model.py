@@ -16,10 +16,11 @@ import jax.numpy as jnp
 
 from models import transformer
 from models.layers import embed as embed_layers
+from models.layers import gelu as gelu_layers
 from models.unsupmt.noise import PAD
 
 LN_EPS = 1e-12  # XLM's LayerNorm epsilon
-gelu = functools.partial(nn.gelu, approximate=False)  # XLM's erf GELU
+gelu = gelu_layers.gelu  # XLM's erf GELU, keeping only its input for the backward pass
 
 
 class Attention(nn.Module):

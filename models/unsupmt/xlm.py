@@ -273,5 +273,5 @@ UNSUPMT = wl.Workload(
   example_size=lambda cfg: cfg['seq_len'] + 2,
   # XLM's processed_w: len - 1 predicted tokens per sentence in each of the four steps.
   units_per_example=lambda cfg: 4 * (cfg['seq_len'] + 1),
-  revision=2,
+  revision=3,
 )
