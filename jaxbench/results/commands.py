@@ -120,11 +120,7 @@ def command_of(r: dict[str, Any]) -> str:
   precision and timing are given even at their defaults, which may change. A JAX run under
   another PRNG than JAX's default, or with XLA flags of its own, gets the environment variables
   that chose them."""
-  args = ['python', '-m', 'jaxbench.main', f'--model={r["workload"]}']
-  if records.framework(r) == 'jax' and records.prng_impl(r) != 'threefry2x32':
-    args.insert(0, f'JAX_DEFAULT_PRNG_IMPL={records.prng_impl(r)}')
-  if records.framework(r) == 'jax' and records.user_xla_flags(r):
-    args.insert(0, "XLA_FLAGS='" + ' '.join(records.user_xla_flags(r)) + "'")
+  args = [*records.environment(r), 'python', '-m', 'jaxbench.main', f'--model={r["workload"]}']
   args.append(f'--precision={r["precision"]}')
   if r.get('tiny'):
     args.append('--tiny')

@@ -70,11 +70,18 @@ def compiler(result: dict[str, Any]) -> str:
   parts = [] if autotune_level(result) is None else [f'--autotune_level={autotune_level(result)}']
   if flags is not None and '--xla_gpu_enable_triton_gemm=false' not in flags.split():
     parts.append('--triton_gemm')
-  if user_xla_flags(result):
-    parts.append("XLA_FLAGS='" + ' '.join(user_xla_flags(result)) + "'")
+  return ' '.join(parts + environment(result))
+
+
+def environment(result: dict[str, Any]) -> list[str]:
+  """The environment variables a JAX run had that changed its program: XLA flags of its own
+  and another PRNG than JAX's default, as a command line would set them."""
+  if framework(result) != 'jax':
+    return []
+  env = ["XLA_FLAGS='" + ' '.join(user_xla_flags(result)) + "'"] if user_xla_flags(result) else []
   if prng_impl(result) != 'threefry2x32':
-    parts.append(f'JAX_DEFAULT_PRNG_IMPL={prng_impl(result)}')
-  return ' '.join(parts)
+    env.append(f'JAX_DEFAULT_PRNG_IMPL={prng_impl(result)}')
+  return env
 
 
 def human_bytes(n: int | None) -> str:
