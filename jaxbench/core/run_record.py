@@ -120,11 +120,12 @@ def search_ended(
   return None
 
 
-def measurement(
-  w: wl.Workload, cfg: wl.Config, m: timing.Measurement, best: prog.Compiled, devices: int
+def timed(
+  w: wl.Workload, cfg: wl.Config, m: timing.Measurement, devices: int = 1
 ) -> dict[str, Any]:
-  """The result's 'measurement': the timed steps at the compiled step `best` on `devices`; the
-  throughputs None where the loss was not finite (a diverged run measures nothing worth it)."""
+  """What the timed steps give a result's 'measurement', in either framework: the batch, the
+  windows and the throughputs on `devices`, the throughputs None where the loss was not finite
+  (a diverged run measures nothing worth it)."""
   flops_per_step = w.flops_per_example(cfg) * m.examples * devices
   units_per_step = w.units_per_example(cfg) * m.examples * devices
   fields = {
@@ -140,16 +141,26 @@ def measurement(
     'flops_per_step': flops_per_step,
     'tflops_per_s': flops_per_step / m.median_step_s / 1e12,
     'final_loss': m.final_loss,
-    'predicted_peak_bytes': best.peak_bytes,
     'process_peak_bytes': m.process_peak_bytes,
-    'compile_s': best.compile_s,
-    'compile_cached': best.cached,  # compile_s was a load from the compilation cache
-    'profile_dir': m.profile_dir,
   }
   if not m.finite:
     for key in ('steps_per_s', 'units_per_s', 'tflops_per_s'):
       fields[key] = None
   return fields
+
+
+def measurement(
+  w: wl.Workload, cfg: wl.Config, m: timing.Measurement, best: prog.Compiled, devices: int
+) -> dict[str, Any]:
+  """The result's 'measurement' of a JAX run: the timed steps at the compiled step `best` on
+  `devices`, with that program's forecast and compile."""
+  return {
+    **timed(w, cfg, m, devices),
+    'predicted_peak_bytes': best.peak_bytes,
+    'compile_s': best.compile_s,
+    'compile_cached': best.cached,  # compile_s was a load from the compilation cache
+    'profile_dir': m.profile_dir,
+  }
 
 
 @dataclasses.dataclass

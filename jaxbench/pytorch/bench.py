@@ -188,23 +188,9 @@ def _search_and_time(w, opts, cfg, program, result, progress, log) -> dict[str, 
     program, found.max_examples, opts.warmup_steps, opts.steps, opts.windows
   )
   program.release()
-  flops_per_step = w.flops_per_example(cfg) * m.examples
-  units_per_step = w.units_per_example(cfg) * m.examples
   result['measurement'] = {
-    'batch': m.examples * size,
-    'examples': m.examples,
-    'warmup_steps': m.warmup_steps,
-    'steps_per_window': m.steps_per_window,
-    'window_step_s': [round(t, 6) for t in m.window_step_s],
-    'median_step_s': m.median_step_s,
-    'spread_pct': round(m.spread_pct, 2),
-    'steps_per_s': 1.0 / m.median_step_s,
-    'units_per_s': units_per_step / m.median_step_s,
-    'flops_per_step': flops_per_step,
-    'tflops_per_s': flops_per_step / m.median_step_s / 1e12,
-    'final_loss': m.final_loss,
+    **run_record.timed(w, cfg, m),
     'predicted_peak_bytes': None,
-    'process_peak_bytes': m.process_peak_bytes,
     # The timed run's first warm-up step, and (torch.compile) the first trial's first step: the
     # compile from a cold cache, which the timed run reloads from Inductor's caches.
     'first_step_s': None if first_s is None else round(first_s, 3),
@@ -213,8 +199,6 @@ def _search_and_time(w, opts, cfg, program, result, progress, log) -> dict[str, 
     'profile_dir': None,
   }
   if not m.finite:
-    for key in ('steps_per_s', 'units_per_s', 'tflops_per_s'):
-      result['measurement'][key] = None
     return {**result, 'status': 'invalid', 'error': f'loss not finite after timing: {m.final_loss}'}
   return {**result, 'status': 'ok', 'error': None}
 

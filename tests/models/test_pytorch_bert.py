@@ -18,13 +18,7 @@ NAMES = ('bert_base', 'bert_squad')
 CPU = torch.device('cpu')
 
 
-@pytest.fixture(autouse=True, scope='module')
-def one_thread():
-  """Tiny models: a second intra-op thread only contends with the other test workers."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('torch_one_thread')
 
 
 def _tiny(name, n=4):

@@ -8,37 +8,27 @@ import optax
 import pytest
 import torch
 
-from models import precision, registry
+from models import registry
 from models import workload as wl
 from models.conv_seq2seq import conv_tbc
 from models.conv_seq2seq import fconv as jax_fconv
 from models.pytorch import conv_seq2seq
 from models.pytorch import peer as peer_lib
 from models.pytorch import registry as peer_registry
+from tests import shapes
 
 NAME = 'conv_seq2seq'
 CPU = torch.device('cpu')
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-  """Two threads on a shared two-core machine run these small layers several times slower."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
-
-
-def _jax_params(cfg):
-  w = registry.get(NAME)
-  return jax.eval_shape(w.trainer(cfg, precision.get('fp32')).init, jax.random.key(0)).params
+pytestmark = pytest.mark.usefixtures('torch_one_thread')
 
 
 @pytest.mark.parametrize('tiny', [False, True])
 def test_parameter_count_equals_jax(tiny):
   cfg = registry.get(NAME).resolve(tiny=tiny)
   setup = peer_registry.get(NAME).build(cfg, torch.device('meta'))
-  assert setup.param_count() == wl.count_params(_jax_params(cfg))
+  assert setup.param_count() == wl.count_params(shapes.state(NAME, cfg).params)
   if not tiny:
     assert setup.param_count() == 216_005_176
   assert peer_registry.get(NAME).differences == ()
@@ -122,7 +112,7 @@ def test_forward_and_loss_equal_the_jax_model_on_the_same_weights():
       p.add_(0.05 * torch.randn_like(p))
     logits = model(batch['source'], batch['target_in'])
     loss = setup.updates[0].loss(batch, 0)
-  params = _jax_variables(model, _jax_params(cfg))
+  params = _jax_variables(model, shapes.state(NAME, cfg).params)
   jax_batch = {k: jnp.asarray(v.numpy()) for k, v in batch.items()}
   want = jax_fconv.FConv(cfg).apply({'params': params}, jax_batch, train=False)
   np.testing.assert_allclose(logits.numpy(), np.asarray(want), atol=1e-5)

@@ -11,29 +11,19 @@ import pytest
 import timm
 import torch
 
-from models import precision, registry
+from models import registry
 from models import workload as wl
 from models.deeplab import deeplab as jax_deeplab
 from models.pytorch import deeplab
 from models.pytorch import peer as peer_lib
 from models.pytorch import registry as peer_registry
+from tests import shapes
 
 NAME = 'deeplabv3'
 CPU = torch.device('cpu')
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-  """Two threads on a shared two-core machine run these small convolutions several times slower."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
-
-
-def _jax_state(cfg):
-  w = registry.get(NAME)
-  return jax.eval_shape(w.trainer(cfg, precision.get('fp32')).init, jax.random.key(0))
+pytestmark = pytest.mark.usefixtures('torch_one_thread')
 
 
 def _peer_parts(model):
@@ -54,9 +44,9 @@ def test_full_size_is_timms_xception65_with_the_jax_parameter_count():
   model = setup.modules['deeplabv3']
   with torch.device('meta'):
     reference = timm.create_model('xception65', num_classes=0, global_pool='', output_stride=16)
-  shapes = lambda m: {k: tuple(v.shape) for k, v in m.state_dict().items()}
-  assert shapes(model.xception_65) == shapes(reference)
-  jax_params = _jax_state(cfg).params
+  torch_shapes = lambda m: {k: tuple(v.shape) for k, v in m.state_dict().items()}
+  assert torch_shapes(model.xception_65) == torch_shapes(reference)
+  jax_params = shapes.state(NAME, cfg).params
   assert _peer_parts(model) == {k: wl.count_params(v) for k, v in jax_params.items()}
   assert setup.param_count() == 41_055_413
   # Output stride 16: exit_flow block 1 loses its stride, block 2 is dilated by 2.
@@ -70,7 +60,7 @@ def test_full_size_is_timms_xception65_with_the_jax_parameter_count():
 def test_tiny_parameter_count_equals_jax():
   cfg = registry.get(NAME).resolve(tiny=True)
   setup = peer_registry.get(NAME).build(cfg, torch.device('meta'))
-  assert setup.param_count() == wl.count_params(_jax_state(cfg).params)
+  assert setup.param_count() == wl.count_params(shapes.state(NAME, cfg).params)
 
 
 def test_batch_has_the_jax_shapes_dtypes_and_values():
@@ -175,7 +165,7 @@ def test_network_equals_the_jax_network_on_the_same_weights():
   with torch.no_grad():
     got = model(batch['images'])
   params, stats = _jax_variables(model)
-  state = _jax_state(cfg)
+  state = shapes.state(NAME, cfg)
   assert jax.tree.structure(params) == jax.tree.structure(state.params)
   assert jax.tree.structure(stats) == jax.tree.structure(state.model_state['batch_stats'])
   images = jnp.asarray(batch['images'].permute(0, 2, 3, 1).numpy())
@@ -195,7 +185,7 @@ def test_learning_rate_and_decay_follow_the_jax_optimizer():
   model = setup.modules['deeplabv3']
   convs = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)]
   assert decayed == {id(m.weight) for m in convs if m.groups == 1}
-  jax_decayed = jax.tree.leaves(jax_deeplab.decays(_jax_state(cfg).params))
+  jax_decayed = jax.tree.leaves(jax_deeplab.decays(shapes.state(NAME, cfg).params))
   assert len(decayed) == sum(jax_decayed)
   # The schedule of jax_deeplab.optimizer.
   want = optax.polynomial_schedule(cfg['lr'], 0.0, cfg['lr_power'], cfg['total_steps'])

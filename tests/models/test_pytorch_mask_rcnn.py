@@ -11,32 +11,26 @@ import torch
 from torchvision.models.detection import backbone_utils
 from torchvision.ops import FrozenBatchNorm2d
 
-from models import precision, registry
+from models import registry
 from models import workload as wl
 from models.mask_rcnn import data as jax_data
 from models.mask_rcnn import mask_rcnn as jax_mask_rcnn
 from models.pytorch import mask_rcnn
 from models.pytorch import peer as peer_lib
 from models.pytorch import registry as peer_registry
+from tests import shapes
 
 NAME = 'mask_rcnn'
 CPU = torch.device('cpu')
 META = torch.device('meta')
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-  """Two threads on a shared two-core machine run these small convolutions many times slower."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('torch_one_thread')
 
 
 def _counts(cfg):
   """(JAX, peer) parameter counts per part: body (frozen stages apart), FPN, RPN, heads."""
-  w = registry.get(NAME)
-  params = jax.eval_shape(w.trainer(cfg, precision.get('fp32')).init, jax.random.key(0)).params
+  params = shapes.state(NAME, cfg).params
   backbone = dict(params['backbone'])
   fpn = backbone.pop('fpn')
   frozen = [k for k in backbone if k.split('_')[0] in ('stem', 'res2')]
@@ -88,11 +82,11 @@ def test_full_size_body_is_resnet_fpn_backbone_and_the_general_one_builds_the_sa
     general = mask_rcnn.backbone(dict(cfg, blocks=(3, 4, 23, 2)))
     general.body.layer4.add_module('2', reference.body.layer4[2])
     full = mask_rcnn.backbone(cfg)
-  shapes = lambda m: {k: (tuple(v.shape), v.requires_grad) for k, v in m.named_parameters()}
-  assert type(full) is type(reference) and shapes(full) == shapes(reference)
+  torch_shapes = lambda m: {k: (tuple(v.shape), v.requires_grad) for k, v in m.named_parameters()}
+  assert type(full) is type(reference) and torch_shapes(full) == torch_shapes(reference)
   assert type(full.body.layer1[0].bn1) is FrozenBatchNorm2d
   # The general construction (tiny presets) at R-101's sizes is the same network.
-  assert shapes(general) == shapes(reference)
+  assert torch_shapes(general) == torch_shapes(reference)
   buffers = lambda m: {k: tuple(v.shape) for k, v in m.named_buffers()}
   assert buffers(general) == buffers(reference)
 

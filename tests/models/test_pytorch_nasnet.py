@@ -9,30 +9,24 @@ import pytest
 import timm
 import torch
 
-from models import precision, registry
+from models import registry
 from models import workload as wl
 from models.nasnet import nasnet as jax_nasnet
 from models.pytorch import nasnet
 from models.pytorch import peer as peer_lib
 from models.pytorch import registry as peer_registry
+from tests import shapes
 
 NAME = 'nasnet_large'
 CPU = torch.device('cpu')
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-  """Two threads on a shared two-core machine run these small convolutions ten times slower."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('torch_one_thread')
 
 
 def _jax_parts(cfg):
   """The JAX workload's trainable parameters per top-level part, named as timm names them."""
-  w = registry.get(NAME)
-  params = jax.eval_shape(w.trainer(cfg, precision.get('fp32')).init, jax.random.key(0)).params
+  params = shapes.state(NAME, cfg).params
   parts = {k: wl.count_params(v) for k, v in params.items()}
   parts['conv0'] += parts.pop('conv0_bn')
   parts['last_linear'] = parts.pop('logits')
@@ -53,8 +47,8 @@ def test_full_size_is_timms_nasnetalarge_with_the_jax_parameter_count():
   model = setup.modules['nasnet']
   with torch.device('meta'):
     reference = timm.create_model('nasnetalarge', num_classes=1001, pretrained=False)
-  shapes = lambda m: {k: tuple(v.shape) for k, v in m.state_dict().items()}
-  assert shapes(model.net) == shapes(reference)
+  torch_shapes = lambda m: {k: tuple(v.shape) for k, v in m.state_dict().items()}
+  assert torch_shapes(model.net) == torch_shapes(reference)
   # Part by part (conv0, the stem cells, each cell, the classifier) as the JAX workload's.
   assert _peer_parts(model) == _jax_parts(cfg)
   assert setup.param_count() == 88_757_183

@@ -23,13 +23,7 @@ CPU = torch.device('cpu')
 CFG = registry.get(NAME).resolve(tiny=True)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-  """Two threads on a shared two-core machine run these small convolutions slower than one."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('torch_one_thread')
 
 
 def _counts(cfg):

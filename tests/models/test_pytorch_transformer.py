@@ -6,12 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from models import precision, registry
+from models import registry
 from models import transformer as jax_transformer
 from models import workload as wl
 from models.pytorch import peer as peer_lib
 from models.pytorch import registry as peer_registry
 from models.pytorch import transformer
+from tests import shapes
 
 NAME = 'transformer_big'
 
@@ -19,7 +20,7 @@ NAME = 'transformer_big'
 def test_full_size_parameter_count_equals_jax():
   w = registry.get(NAME)
   cfg = w.resolve()
-  state = jax.eval_shape(w.trainer(cfg, precision.get('fp32')).init, jax.random.key(0))
+  state = shapes.state(NAME, cfg)
   setup = peer_registry.get(NAME).build(cfg, torch.device('meta'))
   assert setup.param_count() == wl.count_params(state.params) == 209_911_808
   assert peer_registry.get(NAME).differences == ()

@@ -16,19 +16,14 @@ from models.pytorch import registry as peer_registry
 from models.pytorch import unsupmt
 from models.unsupmt import noise
 from models.unsupmt import xlm as jax_xlm
+from tests import shapes
 
 NAME = 'unsupmt'
 CPU = torch.device('cpu')
 CFG = registry.get(NAME).resolve(tiny=True)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-  """Two threads on a shared two-core machine run these small layers slower than one."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures('torch_one_thread')
 
 
 def _batch(n, seed):
@@ -38,7 +33,7 @@ def _batch(n, seed):
 def test_full_size_parameter_count_equals_jax():
   w = registry.get(NAME)
   cfg = w.resolve()
-  state = jax.eval_shape(w.trainer(cfg, precision.get('fp32')).init, jax.random.key(0))
+  state = shapes.state(NAME, cfg)
   setup = peer_registry.get(NAME).build(cfg, torch.device('meta'))
   assert setup.param_count() == wl.count_params(state.params) == 308_834_955
   assert set(setup.modules) == {'encoder', 'decoder'}

@@ -7,37 +7,27 @@ import numpy as np
 import pytest
 import torch
 
-from models import precision, registry
+from models import registry
 from models import workload as wl
 from models.pytorch import peer as peer_lib
 from models.pytorch import registry as peer_registry
 from models.pytorch import yolo
 from models.yolo import targets as jax_targets
 from models.yolo import yolo as jax_yolo
+from tests import shapes
 
 NAME = 'yolov3'
 CPU = torch.device('cpu')
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-  """Two threads on a shared two-core machine run these small convolutions several times slower."""
-  threads = torch.get_num_threads()
-  torch.set_num_threads(1)
-  yield
-  torch.set_num_threads(threads)
-
-
-def _jax_state(cfg):
-  w = registry.get(NAME)
-  return jax.eval_shape(w.trainer(cfg, precision.get('fp32')).init, jax.random.key(0))
+pytestmark = pytest.mark.usefixtures('torch_one_thread')
 
 
 @pytest.mark.parametrize('tiny', [False, True])
 def test_parameter_count_equals_jax(tiny):
   cfg = registry.get(NAME).resolve(tiny=tiny)
   setup = peer_registry.get(NAME).build(cfg, torch.device('meta'))
-  assert setup.param_count() == wl.count_params(_jax_state(cfg).params)
+  assert setup.param_count() == wl.count_params(shapes.state(NAME, cfg).params)
   if not tiny:
     assert setup.param_count() == 61_949_149
 
@@ -172,7 +162,7 @@ def test_network_equals_the_jax_network_on_the_same_weights():
   with torch.no_grad():
     got = model(batch['images'])
   params, stats = _jax_variables(model)
-  state = _jax_state(cfg)
+  state = shapes.state(NAME, cfg)
   assert jax.tree.structure(params) == jax.tree.structure(state.params)
   assert jax.tree.structure(stats) == jax.tree.structure(state.model_state['batch_stats'])
   images = jnp.asarray(batch['images'].permute(0, 2, 3, 1).numpy())
