@@ -66,6 +66,16 @@ _ATTENTION_FN = {
 }
 
 
+def attention_fn(probs: str, dtype: Any = jnp.float32):
+  """The attention function of one of PROBS, with Flax's dot_product_attention signature; 'auto'
+  is resolved for the compute dtype."""
+  if probs not in PROBS:
+    raise ValueError(f'attention probs must be one of {", ".join(PROBS)}, got {probs!r}')
+  if probs == 'auto':
+    probs = 'fused' if jnp.dtype(dtype).itemsize == 2 else 'saved'
+  return _ATTENTION_FN[probs]
+
+
 def multi_head(
   heads: int,
   dropout: float,
@@ -82,16 +92,13 @@ def multi_head(
   head: a different regulariser, and a mask B*N times smaller in memory. `probs` is one of
   PROBS.
   """
-  if probs not in PROBS:
-    raise ValueError(f'attention probs must be one of {", ".join(PROBS)}, got {probs!r}')
-  if probs == 'auto':
-    probs = 'fused' if jnp.dtype(dtype).itemsize == 2 else 'saved'
+  attend = attention_fn(probs, dtype)
   return nn.MultiHeadDotProductAttention(
     num_heads=heads,
     dtype=dtype,
     dropout_rate=dropout,
     broadcast_dropout=False,
     deterministic=not train,
-    attention_fn=_ATTENTION_FN[probs],
+    attention_fn=attend,
     name=name,
   )
