@@ -1,14 +1,9 @@
-"""Flags of the attention benchmark (python -m jaxbench.attention_benchmark); it takes --tiny,
---warmup_steps, --steps and --windows from flags/run.py and --precisions from flags/sweep.py."""
+"""Flags of the attention benchmark (python -m jaxbench.attention_benchmark); it takes --models
+from flags/benchmarks.py, --tiny, --warmup_steps, --steps and --windows from flags/run.py and
+--precisions from flags/sweep.py."""
 
 from absl import flags
 
-MODELS = flags.DEFINE_list(
-  'models',
-  'bert_base,bert_squad,mt_dnn',
-  'Workloads whose self-attention to time, comma-separated: each at its comparison batch '
-  '(--reference_batch) and its own heads, width, sequence length and dropout.',
-)
 BLOCKS = flags.DEFINE_multi_string(
   'blocks',
   [],

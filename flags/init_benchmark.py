@@ -1,12 +1,17 @@
 """Flags of the initial state's compile benchmark (python -m jaxbench.init_benchmark); it takes
---precision and --tiny from flags/run.py and --compile_for from flags/sweep.py."""
+--models from flags/benchmarks.py, --precision and --tiny from flags/run.py and --compile_for from
+flags/sweep.py."""
 
 from absl import flags
 
-MODELS = flags.DEFINE_list(
-  'models',
-  'nasnet_large,mask_rcnn,mt_dnn,deeplabv3,transformer_big,bert_base',
-  'Workloads whose init program to compile, comma-separated.',
+# --models' default: the workloads whose init compiled longest before its draws were pooled.
+DEFAULT_MODELS = (
+  'nasnet_large',
+  'mask_rcnn',
+  'mt_dnn',
+  'deeplabv3',
+  'transformer_big',
+  'bert_base',
 )
 ROUNDS = flags.DEFINE_integer(
   'rounds',

@@ -8,7 +8,8 @@ process.
         --blocks=64,64,64,4,4,2 --blocks=128,64,64,8,4,3
     python -m jaxbench.attention_benchmark --tiny   # a quick check on a CPU (Pallas' interpreter)
 
-Each workload's self-attention at its comparison batch (--reference_batch) and its own heads,
+--models defaults to every workload built on BERT's encoder. Each workload's self-attention at
+its comparison batch (--reference_batch) and its own heads,
 width, sequence length and dropout: queries, keys and values [B, L, H, D] as its projections
 give them, every position attended, one dropout decision per probability. What is timed is one
 call of the jitted gradient of sum(attention * cotangent) with respect to the queries, keys and
@@ -29,12 +30,13 @@ import time
 from absl import app, flags
 
 from flags import attention_benchmark as bench_flags
+from flags import benchmarks as shared_flags
 from flags import run as run_flags
 from flags import sweep as sweep_flags
 from jaxbench import cli
 
 flags.adopt_module_key_flags(bench_flags)
-for _name in ('tiny', 'warmup_steps', 'steps', 'windows', 'precisions'):
+for _name in ('models', 'tiny', 'warmup_steps', 'steps', 'windows', 'precisions'):
   flags.declare_key_flag(_name)
 
 _fail = functools.partial(cli.fail, 'jaxbench.attention_benchmark')
@@ -186,7 +188,7 @@ def rows(names, precisions, tilings, tiny, warmup, steps, windows) -> list[tuple
 def main(argv: list[str]) -> int:
   del argv  # cli.flags_parser refuses arguments that are not flags
   valid = encoder_models()
-  names = bench_flags.MODELS.value
+  names = shared_flags.MODELS.value or valid
   unknown = [n for n in names if n not in valid]
   if not names or unknown:
     _fail(f'--models: not a BERT encoder workload: {", ".join(unknown)}; valid: {", ".join(valid)}')

@@ -5,7 +5,9 @@ array by array and pooled (jaxbench/core/pooled_draws.py), compiled in turn in o
     python -m jaxbench.init_benchmark --compile_for=h200   # for the H200, on a host without one
     python -m jaxbench.init_benchmark --models=bert_base --tiny   # a quick check on a CPU
 
-On this machine's device, or with --compile_for for a described GPU from its CPU (JAX's CUDA
+--models defaults to nasnet_large, mask_rcnn, mt_dnn, deeplabv3, transformer_big and bert_base,
+whose init compiled longest before its draws were pooled. On this machine's device, or with
+--compile_for for a described GPU from its CPU (JAX's CUDA
 plugin; the program a GPU would build). For each workload and form: the seconds to trace and
 lower the init and to compile it, its fusions, its threefry kernels and its temporaries; then the
 ratio of the forms' median compile times, which one process measures better than a shared
@@ -18,13 +20,14 @@ import time
 
 from absl import app, flags
 
+from flags import benchmarks as shared_flags
 from flags import init_benchmark as bench_flags
 from flags import run as run_flags
 from flags import sweep as sweep_flags
 from jaxbench import cli
 
 flags.adopt_module_key_flags(bench_flags)
-for _name in ('precision', 'tiny', 'compile_for'):
+for _name in ('models', 'precision', 'tiny', 'compile_for'):
   flags.declare_key_flag(_name)
 
 _fail = functools.partial(cli.fail, 'jaxbench.init_benchmark')
@@ -92,7 +95,7 @@ def main(argv: list[str]) -> int:
   from jaxbench.cards import deviceless  # pylint: disable=g-import-not-at-top
   from models import registry  # pylint: disable=g-import-not-at-top
 
-  names = bench_flags.MODELS.value
+  names = shared_flags.MODELS.value or list(bench_flags.DEFAULT_MODELS)
   unknown = [n for n in names if n not in registry.names()]
   if not names or unknown:
     _fail(f'--models: unknown {", ".join(unknown)}; valid models: {", ".join(registry.names())}')

@@ -69,3 +69,10 @@ def test_bad_input_is_refused_in_one_line(args, message):
   )
   assert r.returncode == 2 and r.stdout == ''
   assert r.stderr.count('\n') == 1 and message in r.stderr, r.stderr
+
+
+def test_both_benchmarks_load_in_one_process():
+  """They share --models (flags/benchmarks.py): absl refuses a flag defined twice."""
+  code = 'import jaxbench.attention_benchmark, jaxbench.init_benchmark'
+  r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True)
+  assert r.returncode == 0, r.stderr
