@@ -232,7 +232,7 @@ def test_torch_compile_wraps_each_loss_and_times_the_first_step(toy, monkeypatch
   compiled = []
   cold_s = 0.3  # the first compile ever; later ones reload Inductor's on-disk caches
 
-  def fake_compile(fn, dynamic=None):
+  def fake_compile(fn, dynamic=None, backend='inductor'):
     compiled.append(dynamic)
     cold = len(compiled) == 1
 

@@ -48,6 +48,17 @@ def _tensors(tree: Any):
       yield from _tensors(v)
 
 
+def compile_scope(setup: peer_lib.Setup, backend: str = "inductor") -> None:
+  """--torch_compile: each update's loss under torch.compile, or the peer's `compiled` modules
+  in place (their parameters and state_dict keys unchanged), static shapes either way."""
+  if setup.compiled is None:
+    for update in setup.updates:
+      update.loss = torch.compile(update.loss, dynamic=False, backend=backend)
+  else:
+    for name in setup.compiled:
+      setup.modules[name].compile(dynamic=False, backend=backend)
+
+
 class Program:
   """Builds and runs one peer's training iteration at any batch size (one config, one policy)."""
 
@@ -110,8 +121,7 @@ class Program:
           f'budget {self.cpu_budget_bytes:,} B'
         )
     if self.torch_compile:
-      for update in setup.updates:
-        update.loss = torch.compile(update.loss, dynamic=False)
+      compile_scope(setup)
     return live
 
   def _estimate(self, live: Live) -> int:

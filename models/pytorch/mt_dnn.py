@@ -178,7 +178,9 @@ def build(cfg, device) -> peer_lib.Setup:
     return loss
 
   updates = [peer_lib.Update(task_loss(t), optimizer, clip_norm=cfg['clip']) for t in TASKS]
-  return peer_lib.Setup(modules={'encoder': encoder, 'heads': heads}, updates=updates)
+  return peer_lib.Setup(
+    modules={'encoder': encoder, 'heads': heads}, updates=updates, compiled=('encoder',)
+  )
 
 
 def make_batch(cfg, n, generator, device):

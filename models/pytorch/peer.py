@@ -48,11 +48,16 @@ class Setup:
     workload's param_groups are); every trainable parameter belongs to one of them.
   updates: one training iteration, in order.
   after_step: run after the iteration's updates, outside autocast (an EMA of the weights).
+  compiled: the names of the modules that --torch_compile compiles, where compiling each
+    update's loss (None, the default) would compile one large module many times: mt_dnn's eight
+    task losses share its encoder, and Dynamo, guarding on each loss's task, compiled the
+    encoder's forward and backward passes once per task.
   """
 
   modules: dict[str, torch.nn.Module]
   updates: list[Update]
   after_step: Callable[[], None] | None = None
+  compiled: tuple[str, ...] | None = None
 
   def param_count(self) -> int:
     seen = {id(p): p for m in self.modules.values() for p in m.parameters()}
