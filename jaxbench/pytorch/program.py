@@ -55,8 +55,9 @@ def compile_scope(setup: peer_lib.Setup, backend: str = "inductor") -> None:
     for update in setup.updates:
       update.loss = torch.compile(update.loss, dynamic=False, backend=backend)
   else:
-    for name in setup.compiled:
-      setup.modules[name].compile(dynamic=False, backend=backend)
+    for path in setup.compiled:
+      name, _, submodule = path.partition('.')
+      setup.modules[name].get_submodule(submodule).compile(dynamic=False, backend=backend)
 
 
 class Program:

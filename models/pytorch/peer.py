@@ -48,10 +48,12 @@ class Setup:
     workload's param_groups are); every trainable parameter belongs to one of them.
   updates: one training iteration, in order.
   after_step: run after the iteration's updates, outside autocast (an EMA of the weights).
-  compiled: the names of the modules that --torch_compile compiles, where compiling each
-    update's loss (None, the default) would compile one large module many times: mt_dnn's eight
-    task losses share its encoder, and Dynamo, guarding on each loss's task, compiled the
-    encoder's forward and backward passes once per task.
+  compiled: the modules that --torch_compile compiles, as a name in `modules` and optionally a
+    submodule's path in it ('mask_rcnn.backbone'), where compiling each update's loss (None, the
+    default) does worse: mt_dnn's eight task losses share its encoder, and Dynamo, guarding on
+    each loss's task, compiled the encoder's forward and backward passes once per task; Mask
+    R-CNN's heads have shapes that follow the data, on which Dynamo breaks its graph and
+    recompiles.
   """
 
   modules: dict[str, torch.nn.Module]

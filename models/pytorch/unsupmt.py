@@ -163,9 +163,13 @@ class EncoderDecoder(nn.Module):
     return self.decoder.decode(tgt_in_BxT, tgt_lang, memory, src_BxS != PAD, train)
 
 
+@torch.compiler.disable
 @torch.no_grad()
 def generate(model: EncoderDecoder, src_BxS, src_lang: int, tgt_lang: int, length: int):
   """XLM's greedy generate, without dropout: B x length tokens, `EOS words EOS PAD..`.
+
+  torch.compile leaves it eager: its stop test is a branch on the device's data, on which Dynamo
+  breaks the graph, and each step's cache length a shape of its own, for which it recompiles.
 
   Stops when every sentence has produced EOS (XLM's `break`), else after length - 1 steps;
   sentences still open then get EOS in the last column, as models/unsupmt/xlm.generate. Each

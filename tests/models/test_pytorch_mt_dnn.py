@@ -8,7 +8,6 @@ import optax
 import pytest
 import torch
 
-from jaxbench.pytorch import program
 from models import precision, registry
 from models import workload as wl
 from models.mt_dnn import mt_dnn as mt_dnn_jax
@@ -176,26 +175,3 @@ def test_task_losses_are_the_jax_losses_at_the_same_weights():
     with torch.no_grad():
       got = float(update.loss(batch, 0))
     np.testing.assert_allclose(got, expected, rtol=1e-5, err_msg=task.name)
-
-
-def test_torch_compile_compiles_the_shared_encoder_once():
-  """--torch_compile compiles the encoder the eight task losses share, once; compiling each loss
-  compiled it once per task (Dynamo guards on the loss's task), eight graphs of the encoder's
-  forward and backward passes."""
-  from torch._dynamo.utils import counters  # pylint: disable=g-import-not-at-top
-
-  cfg = registry.get('mt_dnn').resolve(tiny=True)
-  peer = peer_registry.get('mt_dnn')
-  setup = peer.build(cfg, CPU)
-  batch = peer.make_batch(cfg, 2, torch.Generator().manual_seed(0), CPU)
-  torch._dynamo.reset()  # pylint: disable=protected-access
-  counters.clear()
-  try:
-    program.compile_scope(setup, backend='eager')  # Dynamo's graphs, without Inductor's codegen
-    for step in range(2):
-      loss = peer_lib.run_updates(setup, batch, step)
-    assert torch.isfinite(loss)
-    assert counters['stats']['unique_graphs'] == 1
-    assert all(u.loss.__name__ == 'loss' for u in setup.updates)  # the losses run as written
-  finally:
-    torch._dynamo.reset()  # pylint: disable=protected-access
