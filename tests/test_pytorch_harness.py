@@ -95,6 +95,7 @@ def test_a_pytorch_run_prints_the_table_and_records_framework_and_versions(tmp_p
   m = record['measurement']
   assert len(m['window_step_s']) == 1 and m['steps_per_window'] == 2 and m['units_per_s'] > 0
   assert record['peer']['source'] == toy_peer.TOY.source
+  assert record['peer']['compiled'] is None  # --torch_compile would compile each loss
 
 
 def test_the_search_recovers_from_out_of_memory_to_the_known_limit(toy, monkeypatch):

@@ -61,7 +61,12 @@ def identity(w, cfg, pol, tiny, dev, torch_compile) -> dict[str, Any]:
     'tiny': tiny,
     'config': dict(cfg),
     'torch_compile': torch_compile,
-    'peer': {'source': peer.source, 'differences': list(peer.differences)},
+    'peer': {
+      'source': peer.source,
+      'differences': list(peer.differences),
+      # What --torch_compile compiles: None, each update's loss; else these modules.
+      'compiled': None if peer.compiled is None else list(peer.compiled),
+    },
     'cudnn_benchmark': torch.backends.cudnn.benchmark,
     'allow_tf32': {
       'matmul': torch.backends.cuda.matmul.allow_tf32,

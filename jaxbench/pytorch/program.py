@@ -48,14 +48,16 @@ def _tensors(tree: Any):
       yield from _tensors(v)
 
 
-def compile_scope(setup: peer_lib.Setup, backend: str = "inductor") -> None:
-  """--torch_compile: each update's loss under torch.compile, or the peer's `compiled` modules
-  in place (their parameters and state_dict keys unchanged), static shapes either way."""
-  if setup.compiled is None:
+def compile_scope(
+  setup: peer_lib.Setup, compiled: tuple[str, ...] | None, backend: str = 'inductor'
+) -> None:
+  """--torch_compile: each update's loss under torch.compile, or the modules the peer names
+  (Peer.compiled) in place, their parameters and state_dict keys unchanged; static shapes."""
+  if compiled is None:
     for update in setup.updates:
       update.loss = torch.compile(update.loss, dynamic=False, backend=backend)
   else:
-    for path in setup.compiled:
+    for path in compiled:
       name, _, submodule = path.partition('.')
       setup.modules[name].get_submodule(submodule).compile(dynamic=False, backend=backend)
 
@@ -122,7 +124,7 @@ class Program:
           f'budget {self.cpu_budget_bytes:,} B'
         )
     if self.torch_compile:
-      compile_scope(setup)
+      compile_scope(setup, self.peer.compiled)
     return live
 
   def _estimate(self, live: Live) -> int:

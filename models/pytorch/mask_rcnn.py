@@ -187,9 +187,6 @@ def build(cfg: peer_lib.Config, device: torch.device) -> peer_lib.Setup:
     modules={'mask_rcnn': net},
     updates=[peer_lib.Update(loss, optimizer)],
     after_step=scheduler.step,
-    # --torch_compile: the ResNet-101-FPN backbone, whose shapes are the canvas's; the RPN and
-    # RoI heads run eager (NMS and the sampled proposals give them data-dependent shapes).
-    compiled=('mask_rcnn.backbone',),
   )
 
 
@@ -310,4 +307,7 @@ MASK_RCNN = peer_lib.Peer(
     "torchvision's mask head trains on every sampled positive; the JAX workload's on the first "
     'mask_rois of each image',
   ),
+  # --torch_compile: the ResNet-101-FPN backbone, whose shapes are the canvas's; the RPN and RoI
+  # heads run eager (NMS and the sampled proposals give them data-dependent shapes).
+  compiled=('mask_rcnn.backbone',),
 )

@@ -48,18 +48,11 @@ class Setup:
     workload's param_groups are); every trainable parameter belongs to one of them.
   updates: one training iteration, in order.
   after_step: run after the iteration's updates, outside autocast (an EMA of the weights).
-  compiled: the modules that --torch_compile compiles, as a name in `modules` and optionally a
-    submodule's path in it ('mask_rcnn.backbone'), where compiling each update's loss (None, the
-    default) does worse: mt_dnn's eight task losses share its encoder, and Dynamo, guarding on
-    each loss's task, compiled the encoder's forward and backward passes once per task; Mask
-    R-CNN's heads have shapes that follow the data, on which Dynamo breaks its graph and
-    recompiles.
   """
 
   modules: dict[str, torch.nn.Module]
   updates: list[Update]
   after_step: Callable[[], None] | None = None
-  compiled: tuple[str, ...] | None = None
 
   def param_count(self) -> int:
     seen = {id(p): p for m in self.modules.values() for p in m.parameters()}
@@ -83,6 +76,12 @@ class Peer:
   loss_scale: under fp16, the gradient scaler's start and the finite steps between doublings
     where the JAX workload's differ from the policy's (models/precision.py), as
     {'init': ..., 'window': ...}; None: the policy's.
+  compiled: the modules that --torch_compile compiles, each a name in the Setup's `modules` and
+    optionally a submodule's path in it ('mask_rcnn.backbone'), where compiling each update's
+    loss (None, the default) does worse: mt_dnn's eight task losses share its encoder, and
+    Dynamo, guarding on each loss's task, compiled the encoder's forward and backward passes
+    once per task; Mask R-CNN's heads have shapes that follow the data, on which Dynamo breaks
+    its graph and recompiles. Results record it (`peer.compiled`).
   """
 
   name: str
@@ -91,6 +90,7 @@ class Peer:
   source: str
   differences: tuple[str, ...] = ()
   loss_scale: Mapping[str, float] | None = None
+  compiled: tuple[str, ...] | None = None
 
 
 def run_updates(

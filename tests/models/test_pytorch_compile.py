@@ -30,7 +30,7 @@ def test_each_peer_compiles_to_its_graphs_and_then_recompiles_nothing(name):
   torch._dynamo.reset()  # pylint: disable=protected-access
   counters.clear()
   try:
-    program.compile_scope(setup, backend='eager')
+    program.compile_scope(setup, peer.compiled, backend='eager')
     for step in range(2):
       peer_lib.run_updates(setup, batch, step)
     graphs = counters['stats']['unique_graphs']
