@@ -8,19 +8,18 @@ process.
         --blocks=64,64,64,4,4,2 --blocks=128,64,64,8,4,3
     python -m jaxbench.attention_benchmark --tiny   # a quick check on a CPU (Pallas' interpreter)
 
---models defaults to every workload built on BERT's encoder. Each workload's self-attention at
-its comparison batch (--reference_batch) and its own heads,
-width, sequence length and dropout: queries, keys and values [B, L, H, D] as its projections
-give them, every position attended, one dropout decision per probability. What is timed is one
-call of the jitted gradient of sum(attention * cotangent) with respect to the queries, keys and
-values: the layer's forward and backward passes, without the projections around them. A row gives
-the median of --windows windows of calls after --warmup_steps untimed ones, their spread, the
-compile, the speed relative to the saved form in the same process (a ratio, which a shared
-machine measures better than an absolute time), and how far its gradients are from the saved
-form's (the forms draw the same dropout, so they differ by rounding only: a fast tiling that
-computes something else shows here). A tiling's blocks are cut to the sequence where longer.
-A benchmark, not a test: a slow form fails nothing; a tiling the GPU cannot hold gets a row that
-says why.
+--models defaults to every workload built on BERT's encoder. Each workload's self-attention at its
+comparison batch (--reference_batch) and its own heads, width, sequence length and dropout: queries,
+keys and values [B, L, H, D] as its projections give them, every position attended, one dropout
+decision per probability. What is timed is one call of the jitted gradient of sum(attention *
+cotangent) with respect to the queries, keys and values: the layer's forward and backward passes,
+without the projections around them. A row gives the median of --windows windows of calls after
+--warmup_steps untimed ones, their spread, the compile, the speed relative to the saved form in the
+same process (a ratio, which a shared machine measures better than an absolute time), and how far
+its gradients are from the saved form's (the forms draw the same dropout, so they differ by rounding
+only: a fast tiling that computes something else shows here). A tiling's blocks are cut to the
+sequence where longer. A benchmark, not a test: a slow form fails nothing; a tiling the GPU cannot
+hold gets a row that says why.
 """
 
 import functools
@@ -207,12 +206,7 @@ def main(argv: list[str]) -> int:
     run_flags.STEPS.value,
     run_flags.WINDOWS.value,
   )
-  lines = [HEADER] + [tuple(map(str, row)) for row in table]
-  widths = [max(len(line[i]) for line in lines if i < len(line)) for i in range(len(HEADER))]
-  for line in lines:
-    print(
-      '  '.join(c.ljust(w) if i < 5 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
-    )
+  cli.print_columns(HEADER, table, left=5)
   return 0
 
 

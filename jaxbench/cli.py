@@ -149,6 +149,19 @@ class Plan:
   torch_compile: bool = False
 
 
+def print_columns(header: tuple[str, ...], rows: list[tuple], left: int) -> None:
+  """A benchmark's table on stdout: a column each, the first `left` aligned left and the others
+  right; a short row (a failure's message) fills what it has."""
+  lines = [header] + [tuple(map(str, row)) for row in rows]
+  widths = [max(len(line[i]) for line in lines if i < len(line)) for i in range(len(header))]
+  for line in lines:
+    print(
+      '  '.join(
+        c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))
+      )
+    )
+
+
 def parse_overrides(items: tuple[str, ...] | list[str]) -> tuple[tuple[str, str], ...]:
   pairs = []
   for item in items:

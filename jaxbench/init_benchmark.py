@@ -7,11 +7,11 @@ array by array and pooled (jaxbench/core/pooled_draws.py), compiled in turn in o
 
 --models defaults to nasnet_large, mask_rcnn, mt_dnn, deeplabv3, transformer_big and bert_base,
 whose init compiled longest before its draws were pooled. On this machine's device, or with
---compile_for for a described GPU from its CPU (JAX's CUDA
-plugin; the program a GPU would build). For each workload and form: the seconds to trace and
-lower the init and to compile it, its fusions, its threefry kernels and its temporaries; then the
-ratio of the forms' median compile times, which one process measures better than a shared
-machine's absolute times. A benchmark, not a test: a slow compile fails nothing.
+--compile_for for a described GPU from its CPU (JAX's CUDA plugin; the program a GPU would build).
+For each workload and form: the seconds to trace and lower the init and to compile it, its fusions,
+its threefry kernels and its temporaries; then the ratio of the forms' median compile times, which
+one process measures better than a shared machine's absolute times. A benchmark, not a test: a slow
+compile fails nothing.
 """
 
 import functools
@@ -118,12 +118,7 @@ def main(argv: list[str]) -> int:
     table = rows(names, run_flags.PRECISION.value, tiny, target, bench_flags.ROUNDS.value)
   except deviceless.DevicelessError as e:
     _fail(str(e))
-  lines = [HEADER] + [tuple(map(str, row)) for row in table]
-  widths = [max(len(line[i]) for line in lines if i < len(line)) for i in range(len(HEADER))]
-  for line in lines:
-    print(
-      '  '.join(c.rjust(w) if i > 1 else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths)))
-    )
+  cli.print_columns(HEADER, table, left=2)
   return 0
 
 
