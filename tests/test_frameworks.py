@@ -120,13 +120,15 @@ def test_each_child_gets_the_flags_with_its_framework_and_output():
   assert '--torch_compile' in frameworks.child_args(argv, compiled, 'p', False)
 
 
-def test_xla_options_go_to_the_jax_children_only():
+def test_xla_options_and_search_hints_go_to_the_jax_children_only():
   argv = [
     '--frameworks=jax,pytorch',
     '--compilation_cache_dir',
     '/c',
     '--autotune_level=2',
     '--triton_gemm',
+    '--search_hints',
+    'h.jsonl',
     '--steps=4',
   ]
   assert frameworks.child_args(argv, frameworks.Child('pytorch'), 'p', False) == [
@@ -147,7 +149,9 @@ def test_xla_options_go_to_the_jax_children_only():
 def test_a_pytorch_run_refuses_xla_options_a_comparison_passes_them_on():
   with pytest.raises(usage.Refused, match='--compilation_cache_dir is for JAX runs'):
     usage.check(args(frameworks=(), framework='pytorch', compilation_cache_dir='/c'), ())
-  usage.check(args(compilation_cache_dir="/c", triton_gemm=True), ())
+  with pytest.raises(usage.Refused, match='--search_hints is for JAX runs'):
+    usage.check(args(frameworks=(), framework='pytorch', search_hints=('h.jsonl',)), ())
+  usage.check(args(compilation_cache_dir="/c", triton_gemm=True, search_hints=('h.jsonl',)), ())
 
 
 def args(**changes):

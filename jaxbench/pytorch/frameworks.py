@@ -50,9 +50,10 @@ REFERENCE_BATCH = {
 _VALUED = ('--frameworks', '--output', '--framework', '--precisions', '--precision', '--model')
 _REWRITTEN = (*_VALUED, '--tiny', '--notiny', '--reference_batch', '--noreference_batch')
 _COMPILE = ('--torch_compile', '--notorch_compile')  # each PyTorch child gets its own
-# XLA's options, which only the JAX children get (a PyTorch run refuses them).
-_XLA_VALUED = tuple(name for _, name in usage.JAX_COMPILER if name != '--triton_gemm')
-_XLA = (*_XLA_VALUED, '--triton_gemm', '--notriton_gemm')
+# XLA's options and the search's hints, which only the JAX children get (a PyTorch run refuses
+# them).
+_JAX_VALUED = tuple(name for _, name in usage.JAX_SIDE if name != '--triton_gemm')
+_JAX_SIDE = (*_JAX_VALUED, '--triton_gemm', '--notriton_gemm')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,9 +113,9 @@ def child_args(argv: Iterable[str], child: Child, output: str, tiny: bool) -> li
       continue
     name = arg.split('=', 1)[0]
     dropped = own[name] if name in own else name in _REWRITTEN
-    xla = child.framework == 'pytorch' and name in _XLA
-    if dropped or xla or name in _COMPILE:
-      skip = '=' not in arg and (name in (*_VALUED, *_XLA_VALUED) or name == '--batch_size')
+    jax_side = child.framework == 'pytorch' and name in _JAX_SIDE
+    if dropped or jax_side or name in _COMPILE:
+      skip = '=' not in arg and (name in (*_VALUED, *_JAX_VALUED) or name == '--batch_size')
       continue
     out.append(arg)
   extra = [f'--framework={child.framework}']

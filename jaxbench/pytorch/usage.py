@@ -16,16 +16,16 @@ _JAX_ONLY = (
   ('store', '--store'),
   ('remat', '--remat'),
   ('verify_predicted_oom', '--verify_predicted_oom'),
-  ('search_hints', '--search_hints'),
   ('search_resume', '--search_resume'),
   ('probe_autotune_level', '--probe_autotune_level'),
   ('profile_dir', '--profile_dir'),
   ('train_steps', '--train_steps'),
   ('checkpoint_dir', '--checkpoint_dir'),
 )
-# XLA's compiler options: a PyTorch run refuses them, and --frameworks gives them to its JAX
-# children only (frameworks.child_args).
-JAX_COMPILER = (
+# XLA's compiler options and the earlier results that aim JAX's search: a PyTorch run refuses
+# them, and --frameworks gives them to its JAX children only (frameworks.child_args).
+JAX_SIDE = (
+  ('search_hints', '--search_hints'),
   ('compilation_cache_dir', '--compilation_cache_dir'),
   ('autotune_level', '--autotune_level'),
   ('autotune_cache_dir', '--autotune_cache_dir'),
@@ -75,7 +75,7 @@ def check(a: Any, workloads: tuple) -> None:
     )
   if 'pytorch' not in chosen:
     return
-  for field, name in _JAX_ONLY + (() if a.frameworks else JAX_COMPILER):
+  for field, name in _JAX_ONLY + (() if a.frameworks else JAX_SIDE):
     value = getattr(a, field)
     if value not in (None, False, ()):
       raise Refused(f'{name} is for JAX runs: not with the pytorch framework')
