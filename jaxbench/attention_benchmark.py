@@ -111,22 +111,17 @@ def gradient(form: str, tiling: dict | None, dims: tuple, dtype, matmul_precisio
 
 
 def timed(compiled, args, warmup: int, steps: int, windows: int) -> tuple[list[float], tuple]:
-  """Seconds per call in each window (a window ends on block_until_ready of its last call), and
-  the gradients of the first call."""
+  """Seconds per call in each window (timing.windows: a window ends on block_until_ready of its
+  last call), and the gradients of the first call."""
   import jax  # pylint: disable=g-import-not-at-top
 
-  first = out = jax.block_until_ready(compiled(*args))
-  for _ in range(warmup):
-    out = compiled(*args)
-  jax.block_until_ready(out)
+  from jaxbench.core import timing  # pylint: disable=g-import-not-at-top
+
+  first = jax.block_until_ready(compiled(*args))
   per_window = max(1, steps // windows)
-  times = []
-  for _ in range(windows):
-    start = time.perf_counter()
-    for _ in range(per_window):
-      out = compiled(*args)
-    jax.block_until_ready(out)
-    times.append((time.perf_counter() - start) / per_window)
+  times, _, _ = timing.windows(
+    lambda: compiled(*args), jax.block_until_ready, warmup, per_window, windows
+  )
   return times, first
 
 

@@ -72,31 +72,49 @@ def measure(
   )
 
 
-def _timed_windows(program, compiled, warmup_steps, per_window, windows, profile_dir=None):
+def windows(step, sync, warmup_steps: int, per_window: int, windows: int):
+  """Seconds per call of `step()` in each of `windows` windows of `per_window` calls, after
+  `warmup_steps` untimed calls; the last call's output; and the seconds of the first warm-up call
+  to its sync (a first call that compiles or autotunes: its compile), None without warm-up.
+
+  A window ends on `sync` of its last output (jax.block_until_ready, a CUDA synchronize), not on
+  each call, so that the host keeps the device's queue full. Both frameworks time through here.
+  """
+  out, first_s = None, None
+  for k in range(warmup_steps):
+    start = time.perf_counter()
+    out = step()
+    if k == 0:
+      sync(out)
+      first_s = time.perf_counter() - start
+  sync(out)
+  times = []
+  for _ in range(windows):
+    start = time.perf_counter()
+    for _ in range(per_window):
+      out = step()
+    sync(out)
+    times.append((time.perf_counter() - start) / per_window)
+  return times, out, first_s
+
+
+def _timed_windows(program, compiled, warmup_steps, per_window, windows_, profile_dir=None):
   """Each window's seconds per step, and the last loss; a traced window after them with
   `profile_dir`."""
-  state, batch = program.materialize(compiled.n)
-  run = compiled.executable
-  rng = program.rng
-  metrics = None
-  times = []
+  run, rng = compiled.executable, program.rng
+  live = dict(zip(('state', 'batch'), program.materialize(compiled.n)))
+
+  def step():
+    live['state'], metrics = run(live['state'], live['batch'], rng)
+    return metrics
+
   try:
     with jax.transfer_guard('disallow'):
-      for _ in range(warmup_steps):
-        state, metrics = run(state, batch, rng)
-      jax.block_until_ready((state, metrics))
-      for _ in range(windows):
-        start = time.perf_counter()
-        for _ in range(per_window):
-          state, metrics = run(state, batch, rng)
-        jax.block_until_ready(metrics)
-        times.append((time.perf_counter() - start) / per_window)
+      times, metrics, _ = windows(step, jax.block_until_ready, warmup_steps, per_window, windows_)
       if profile_dir:
         with jax.profiler.trace(profile_dir):
-          for _ in range(per_window):
-            state, metrics = run(state, batch, rng)
-          jax.block_until_ready(metrics)
+          _, metrics, _ = windows(step, jax.block_until_ready, 0, per_window, 1)
     loss = float(np.asarray(metrics['loss']))
   finally:
-    del state, batch
+    live.clear()  # the state and batch go before the caller reads the memory statistics
   return times, loss

@@ -226,30 +226,19 @@ def measure(
   per_window = max(1, steps // windows)
   if program.device.type == 'cuda':  # the peak of the timed batch, not of the search's trials
     torch.cuda.reset_peak_memory_stats(program.device)
-  live = program.materialize(n)
-  first_s = None
-  loss = None
-  times = []
-  i = 0
+  live = [program.materialize(n)]
+  calls = iter(range(warmup_steps + windows * per_window))
   try:
-    for _ in range(warmup_steps):
-      start = time.perf_counter()
-      loss = program.step(live, i)
-      i += 1
-      if first_s is None:
-        program.sync()
-        first_s = time.perf_counter() - start
-    program.sync()
-    for _ in range(windows):
-      start = time.perf_counter()
-      for _ in range(per_window):
-        loss = program.step(live, i)
-        i += 1
-      program.sync()
-      times.append((time.perf_counter() - start) / per_window)
+    times, loss, first_s = timing.windows(
+      lambda: program.step(live[0], next(calls)),
+      lambda _: program.sync(),
+      warmup_steps,
+      per_window,
+      windows,
+    )
     final = float(loss)
   finally:
-    del live
+    live.clear()  # freed before the peak is read
   stats = program.device_memory()
   m = timing.Measurement(
     examples=n,
