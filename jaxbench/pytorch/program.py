@@ -16,6 +16,7 @@ torch.OutOfMemoryError as the GPU would.
 
 import dataclasses
 import gc
+import itertools
 import time
 from typing import Any
 
@@ -227,7 +228,7 @@ def measure(
   if program.device.type == 'cuda':  # the peak of the timed batch, not of the search's trials
     torch.cuda.reset_peak_memory_stats(program.device)
   live = [program.materialize(n)]
-  calls = iter(range(warmup_steps + windows * per_window))
+  calls = itertools.count()  # the iteration index each step gets
   try:
     times, loss, first_s = timing.windows(
       lambda: program.step(live[0], next(calls)),
