@@ -14,7 +14,7 @@ import pytest
 from flax import linen as nn
 from jax.extend import random as jex_random
 
-from models.layers import attention, fused_attention, threefry_bits
+from models.layers import attention, fused_attention, fused_attention_kernels, threefry_bits
 
 SMALL_TILES = dict(block_q=16, block_k=16, block_bwd=16)
 
@@ -62,12 +62,13 @@ def test_keep_mask_is_jax_random_bernoulli_on_the_flat_index():
 
 
 def test_the_flat_index_carries_into_its_high_word():
-  spec = fused_attention.Spec(
+  spec = fused_attention_kernels.Spec(
     heads=1, q_len=4, k_len=4, keep=0.9, scale=1.0, tf32=False,
     block_q=16, block_k=16, block_bwd=16, warps=4, warps_bwd=4, stages=2,
   )  # fmt: skip
   base_lo = jnp.uint32(2**32 - 3)
-  hi, lo = fused_attention._counters(spec, jnp.uint32(5), base_lo, jnp.arange(2), jnp.arange(4))
+  rows, cols = jnp.arange(2), jnp.arange(4)
+  hi, lo = fused_attention_kernels.counters(spec, jnp.uint32(5), base_lo, rows, cols)
   flat = (np.asarray(hi, np.uint64) << np.uint64(32)) + np.asarray(lo, np.uint64)
   start = (5 << 32) + 2**32 - 3
   np.testing.assert_array_equal(flat, start + np.arange(8).reshape(2, 4))
