@@ -46,8 +46,16 @@ class BertEncoder(nn.Module):
       dtype=self.dtype,
       name='token_type_embeddings',
     )
-    length = tokens_BxL.shape[1]
-    x = embed(tokens_BxL) + segment(segments_BxL) + positions[None, :length].astype(self.dtype)
+    # Each token gathers its position's row (the table's gradient is a scatter-add), where a
+    # slice broadcast over the batch would make that gradient a reduction over the batch: for it
+    # XLA's GPU layout assignment puts the batch in the minor dimension of every array of the
+    # encoder, and each LayerNorm then transposes (docs/performance.md, "The encoder's layout").
+    position_ids_BxL = jnp.broadcast_to(jnp.arange(tokens_BxL.shape[1]), tokens_BxL.shape)
+    x = (
+      embed(tokens_BxL)
+      + segment(segments_BxL)
+      + jnp.take(positions, position_ids_BxL, axis=0).astype(self.dtype)
+    )
     x = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, name='embeddings_norm')(x)
     x = nn.Dropout(cfg['dropout'], deterministic=not train)(x)
     valid = tokens_BxL != PAD
@@ -243,7 +251,7 @@ BERT_BASE = wl.Workload(
     lambda cfg, dtype: BertPretraining(cfg, dtype), make_batch, pretraining_loss, adamw
   ),
   flops_per_example=pretraining_flops,
-  revision=5,
+  revision=6,
 )
 
 
@@ -336,5 +344,5 @@ BERT_SQUAD = wl.Workload(
   check=check_squad,
   trainer=wl.supervised(lambda cfg, dtype: BertSquad(cfg, dtype), squad_batch, squad_loss, adamw),
   flops_per_example=squad_flops,
-  revision=5,
+  revision=6,
 )

@@ -148,3 +148,19 @@ def test_the_initial_state_draws_threefry_as_kernels_on_a_gpu():
     pytest.skip("JAX's CUDA plugin is not installed (pip install -e '.[cuda]')")
   assert 'cu_threefry2x32' in _init_text(target, 'bert_base', kernels=True)
   assert 'cu_threefry2x32' not in _init_text(target, 'bert_base', kernels=False)
+
+
+def test_the_encoder_keeps_the_batch_major_on_a_gpu():
+  """bert_base at full size, compiled for the H200: every array of the encoder in [B, L, ...]
+  order. When the position table's gradient was a reduction over the batch, XLA's GPU layout
+  assignment put the batch minor throughout ([L, H, B]) and each LayerNorm transposed."""
+  target = _cuda_target()
+  if target is None:
+    pytest.skip("JAX's CUDA plugin is not installed (pip install -e '.[cuda]')")
+  w = registry.get('bert_base')
+  cfg = w.resolve(tiny=False, overrides={})
+  text = prog.Program(w, cfg, precision.get('tf32'), target=target).compile(64).executable.as_text()
+  length, hidden = cfg['seq_len'], cfg['hidden']
+  assert f'f32[64,{length},{hidden}]' in text
+  assert f'f32[{length},{hidden},64]' not in text  # the residual stream with the batch minor
+  assert f'f32[{length},64]' not in text  # LayerNorm's statistics in [L, B] order
