@@ -20,7 +20,7 @@ from models import workload as wl
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KEPT = [
   os.path.join(ROOT, 'docs', 'results', n)
-  for n in ('h200.jsonl', 'deviceless.jsonl', 'frameworks.jsonl')
+  for n in ('h200.jsonl', 'deviceless.jsonl', 'frameworks.jsonl', 'h100.jsonl')
 ]
 FLAGS = flags.FLAGS
 
@@ -343,6 +343,29 @@ def test_the_measured_on_line_names_gpus_jax_and_dates(toy):
   assert measured.measured_on([_run(status='oom')]) == 'No measured runs in these results.'
   unknown = _run(device={}, jax_version=None, timestamp=None)
   assert measured.measured_on([unknown]) == 'Measured: 1 run.'
+
+
+def test_runs_on_two_gpus_are_rows_of_their_own_with_the_gpu_named(toy):
+  h200 = _run()
+  h100 = _run(
+    device={'platform': 'gpu', 'kind': 'NVIDIA H100 80GB HBM3', 'pool_bytes': 80_800_000_000},
+    timestamp='2026-12-06T03:40:00+00:00',
+    measurement={**_run()['measurement'], 'units_per_s': 50.0},
+  )
+  # The later run on the other GPU replaces nothing: each GPU speaks for its own row, and the
+  # table names the GPU: the catalog's cards in its order (jaxbench/data/gpus.csv), then others
+  # (the catalog's H100 is 'H100 80GB', not this device kind) by name.
+  t = measured.table([h100, h200])
+  assert t.header[:4] == ['workload', 'precision', 'GPU', 'memory']
+  assert [(r[2], r[3], r[5]) for r in t.rows] == [
+    ('H200', 'full', '67.7 images/s'),
+    ('H100 80GB HBM3', 'full', '50.0 images/s'),
+  ]
+  assert any(n.startswith('GPU: ') for n in t.notes)
+  assert measured.others([h200, h100]).header == t.header
+  # One GPU: no column, as before.
+  alone = measured.table([h200])
+  assert alone.header == measured.HEADER and not any(n.startswith('GPU: ') for n in alone.notes)
 
 
 def test_among_earlier_forms_the_run_nearest_todays_default_speaks(toy):

@@ -43,6 +43,11 @@ NOTES = [
   'recorded program had that today\'s workload does not (its revision, config keys or values), '
   'which the command ran as of that revision.',
 ]
+# Shown only where the runs span more than one GPU (the column with it).
+GPU_NOTE = (
+  'GPU: the GPU that measured the row, its device kind as the driver names it (shown where the '
+  'runs span more than one); "full" and "N GB" are of its memory.'
+)
 # Shown only below a table with data-parallel runs.
 PARALLEL_NOTE = (
   'data-parallel runs (--devices): "N per device × D devices" is the max batch of each of D '
@@ -70,16 +75,28 @@ def memory_of(r: dict[str, Any]) -> str:
   return FULL if not limit else f'{limit / 1e9:g} GB'
 
 
+def gpu_of(r: dict[str, Any]) -> str:
+  """The GPU that measured the run, as its device kind names it ('H200', 'H100 80GB HBM3')."""
+  return ((r.get('device') or {}).get('kind') or '').removeprefix('NVIDIA ')
+
+
+def _gpu_order(r: dict[str, Any]) -> tuple:
+  """GPUs in the catalog's order (jaxbench/data/gpus.csv), then any other by name."""
+  cards, name = catalog.names(), catalog.of_device((r.get('device') or {}).get('kind') or '')
+  return (0, cards.index(name), '') if name in cards else (1, 0, gpu_of(r))
+
+
 def is_fixed(r: dict[str, Any]) -> bool:
   """Whether the run timed a --batch_size it was given, not a searched max batch."""
   return (r.get('search') or {}).get('mode') == 'fixed'
 
 
 def _key(r: dict[str, Any]) -> tuple:
-  """A row: the program (workload, revision, precision, preset, configuration, compiler and PRNG
-  settings), the memory and the batch (a search's, or a fixed one); a later result of the same
-  row replaces it."""
+  """A row: the GPU, the program (workload, revision, precision, preset, configuration, compiler
+  and PRNG settings), the memory and the batch (a search's, or a fixed one); a later result of
+  the same row replaces it."""
   return (
+    gpu_of(r),
     r['workload'],
     store.revision(r),
     r['precision'],
@@ -93,8 +110,9 @@ def _key(r: dict[str, Any]) -> tuple:
 
 
 def order(r: dict[str, Any]) -> tuple:
-  """Where a result's row goes: the 2020 workload order, precision, memory (full, caps from the
-  largest, then cards in catalog order), search before fixed batches (largest first), then date."""
+  """Where a result's row goes: the 2020 workload order, precision, GPU, memory (full, caps from
+  the largest, then cards in catalog order), search before fixed batches (largest first), then
+  date."""
   workloads, cards = published.workloads(), catalog.names()
   w, p, gpu = r['workload'], r['precision'], (r.get('emulation') or {}).get('gpu')
   limit = (r.get('memory') or {}).get('limit_bytes') or 0
@@ -103,6 +121,7 @@ def order(r: dict[str, Any]) -> tuple:
     w,
     PRECISIONS.index(p) if p in PRECISIONS else len(PRECISIONS),
     p,
+    _gpu_order(r),
     (2, cards.index(gpu) if gpu in cards else len(cards)) if gpu else (bool(limit), -limit),
     is_fixed(r),
     -r['max_batch'],
@@ -151,7 +170,8 @@ def _scaling(r: dict[str, Any]) -> str:
   return '' if eff is None else f' ({eff:.0%} scaling)'
 
 
-def row(r: dict[str, Any]) -> list[str]:
+def row(r: dict[str, Any], gpu: bool = False) -> list[str]:
+  """A table row; with `gpu`, the GPU's column after the precision."""
   m = r['measurement']
   step, spread, tflops = m.get('median_step_s'), m.get('spread_pct'), m.get('tflops_per_s')
   step_ms = '' if step is None else f'{1e3 * step:,.1f}'
@@ -160,6 +180,7 @@ def row(r: dict[str, Any]) -> list[str]:
   return [
     r['workload'],
     r['precision'] + (' tiny' if r.get('tiny') else ''),
+    *[gpu_of(r)] * gpu,
     memory_of(r),
     _batch(r),
     f'{figure(m["units_per_s"])} {r["throughput_unit"]}' + _scaling(r),
@@ -190,30 +211,40 @@ def _rank(r: dict[str, Any]) -> tuple:
 
 
 def split(results: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-  """The latest rows (latest()) parted in two, each in the table order: for each workload,
+  """The latest rows (latest()) parted in two, each in the table order: for each GPU, workload,
   precision, preset and memory the run that speaks for it (_rank), and every other run."""
   rows = latest(results)
   best: dict[tuple, dict[str, Any]] = {}
   for r in rows:
-    key = (r['workload'], r['precision'], bool(r.get('tiny')), memory_of(r), devices_of(r))
+    key = (gpu_of(r), r['workload'], r['precision'], bool(r.get('tiny')), memory_of(r))
+    key += (devices_of(r),)
     if key not in best or _rank(r) > _rank(best[key]):
       best[key] = r
   chosen = {id(r) for r in best.values()}
   return [r for r in rows if id(r) in chosen], [r for r in rows if id(r) not in chosen]
 
 
+def _table(title: str, chosen: list[dict[str, Any]], notes: list[str], gpu: bool) -> tables.Table:
+  header = HEADER[:2] + ['GPU'] * gpu + HEADER[2:]
+  notes = notes + [GPU_NOTE] * gpu + [PARALLEL_NOTE] * any(devices_of(r) > 1 for r in chosen)
+  return tables.Table(title, header, [row(r, gpu) for r in chosen], notes, code=('command',))
+
+
+def _several_gpus(results: Iterable[dict[str, Any]]) -> bool:
+  return len({gpu_of(r) for r in latest(results)} - {''}) > 1  # '': a record names none
+
+
 def table(results: Iterable[dict[str, Any]]) -> tables.Table:
-  """The max batch and throughput of each workload, precision and memory, with its command."""
-  chosen = split(results)[0]
-  notes = NOTES + [PARALLEL_NOTE] * any(devices_of(r) > 1 for r in chosen)
-  return tables.Table(TITLE, list(HEADER), [row(r) for r in chosen], notes, code=('command',))
+  """The max batch and throughput of each GPU, workload, precision and memory, with its command;
+  the GPU's column where the runs span more than one."""
+  results = list(results)
+  return _table(TITLE, split(results)[0], NOTES, _several_gpus(results))
 
 
 def others(results: Iterable[dict[str, Any]]) -> tables.Table:
   """Every other measured run, the latest of each program, memory and batch, with its command."""
-  chosen = split(results)[1]
-  notes = [PARALLEL_NOTE] * any(devices_of(r) > 1 for r in chosen)
-  return tables.Table(OTHER_TITLE, list(HEADER), [row(r) for r in chosen], notes, code=('command',))
+  results = list(results)
+  return _table(OTHER_TITLE, split(results)[1], [], _several_gpus(results))
 
 
 def measured_on(results: Iterable[dict[str, Any]]) -> str:
