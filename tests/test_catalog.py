@@ -72,6 +72,23 @@ def test_published_tables_are_carried_with_their_notes():
   assert 'swapped' in published.notes() and 'swapped' in published.SWAP_NOTE
 
 
+@pytest.mark.parametrize(
+  'kind, name',
+  [
+    ('NVIDIA H200', 'h200'),
+    ('NVIDIA H100 80GB HBM3', 'h100_80'),
+    ('NVIDIA A100 80GB PCIe', 'a100_80'),
+    ('NVIDIA GeForce RTX 4090', 'rtx_4090'),
+    ('Tesla V100 32GB', 'v100_32'),
+    ('NVIDIA H100 PCIe', None),  # the kind names no memory: not told from other H100s
+    ('NVIDIA A100-SXM4-40GB', None),
+    ('', None),
+  ],
+)
+def test_a_device_kind_names_its_catalog_card(kind, name):
+  assert catalog.of_device(kind) == name
+
+
 def test_cap_is_card_memory_less_the_overhead():
   assert catalog.CARD_OVERHEAD_BYTES == 768 * 2**20
   g = catalog.get('rtx_2080_ti')

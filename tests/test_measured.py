@@ -353,13 +353,12 @@ def test_runs_on_two_gpus_are_rows_of_their_own_with_the_gpu_named(toy):
     measurement={**_run()['measurement'], 'units_per_s': 50.0},
   )
   # The later run on the other GPU replaces nothing: each GPU speaks for its own row, and the
-  # table names the GPU: the catalog's cards in its order (jaxbench/data/gpus.csv), then others
-  # (the catalog's H100 is 'H100 80GB', not this device kind) by name.
-  t = measured.table([h100, h200])
+  # table names the GPU, in the catalog's order (jaxbench/data/gpus.csv: the H100 first).
+  t = measured.table([h200, h100])
   assert t.header[:4] == ['workload', 'precision', 'GPU', 'memory']
   assert [(r[2], r[3], r[5]) for r in t.rows] == [
-    ('H200', 'full', '67.7 images/s'),
     ('H100 80GB HBM3', 'full', '50.0 images/s'),
+    ('H200', 'full', '67.7 images/s'),
   ]
   assert any(n.startswith('GPU: ') for n in t.notes)
   assert measured.others([h200, h100]).header == t.header

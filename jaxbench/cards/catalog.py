@@ -115,10 +115,22 @@ def by_display(display: str) -> Gpu:
   raise CatalogError(f'no catalog GPU is displayed as {display!r}')
 
 
+# What a driver's device kind adds to a card's name: the maker, the product line, and for some
+# cards the memory or the bus ('NVIDIA GeForce RTX 4090', 'NVIDIA H100 80GB HBM3',
+# 'NVIDIA A100 80GB PCIe'); none of them tells two catalog cards apart.
+_KIND_PREFIXES = ('NVIDIA ', 'GeForce ')
+_KIND_SUFFIXES = (' HBM3', ' HBM2e', ' PCIe')
+
+
 def of_device(kind: str) -> str | None:
-  """The name of the catalog card a device kind names ('NVIDIA H200' -> 'h200'), or None."""
+  """The name of the catalog card a device kind names ('NVIDIA H200' -> 'h200', 'NVIDIA H100
+  80GB HBM3' -> 'h100_80'), or None."""
+  for prefix in _KIND_PREFIXES:
+    kind = kind.removeprefix(prefix)
+  for suffix in _KIND_SUFFIXES:
+    kind = kind.removesuffix(suffix)
   try:
-    return by_display(kind.removeprefix('NVIDIA ')).name
+    return by_display(kind).name
   except CatalogError:
     return None
 
