@@ -31,6 +31,14 @@ def _cuda_target():
     return None
 
 
+def _cuda_target_or_skip():
+  """The H200 as a compile target; the test is skipped where JAX has no CUDA plugin."""
+  target = _cuda_target()
+  if target is None:
+    pytest.skip("JAX's CUDA plugin is not installed (pip install -e '.[cuda]')")
+  return target
+
+
 def test_a_prediction_may_name_its_target():
   req = emulation.request(_flags())
   assert req.kind == emulation.PREDICT and req.target == 'h200' and len(req.gpus) == 8
@@ -102,9 +110,7 @@ def test_prepare_holds_jax_to_the_cpu_when_jax_was_imported_first():
 
 
 def test_a_step_compiles_for_the_h200_without_one():
-  target = _cuda_target()
-  if target is None:
-    pytest.skip("JAX's CUDA plugin is not installed (pip install -e '.[cuda]')")
+  target = _cuda_target_or_skip()
   assert target.device_kind == 'NVIDIA H200'
   assert jax.devices()[0].platform == 'cpu'  # nothing runs on the described GPU
   w = registry.get('bert_base')
@@ -143,9 +149,7 @@ def _init_text(target, name, kernels: bool) -> str:
 
 
 def test_the_initial_state_draws_threefry_as_kernels_on_a_gpu():
-  target = _cuda_target()
-  if target is None:
-    pytest.skip("JAX's CUDA plugin is not installed (pip install -e '.[cuda]')")
+  target = _cuda_target_or_skip()
   assert 'cu_threefry2x32' in _init_text(target, 'bert_base', kernels=True)
   assert 'cu_threefry2x32' not in _init_text(target, 'bert_base', kernels=False)
 
@@ -154,9 +158,7 @@ def test_the_encoder_keeps_the_batch_major_on_a_gpu():
   """bert_base at full size, compiled for the H200: every array of the encoder in [B, L, ...]
   order. When the position table's gradient was a reduction over the batch, XLA's GPU layout
   assignment put the batch minor throughout ([L, H, B]) and each LayerNorm transposed."""
-  target = _cuda_target()
-  if target is None:
-    pytest.skip("JAX's CUDA plugin is not installed (pip install -e '.[cuda]')")
+  target = _cuda_target_or_skip()
   w = registry.get('bert_base')
   cfg = w.resolve(tiny=False, overrides={})
   text = prog.Program(w, cfg, precision.get('tf32'), target=target).compile(64).executable.as_text()

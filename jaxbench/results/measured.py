@@ -216,8 +216,14 @@ def split(results: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
   rows = latest(results)
   best: dict[tuple, dict[str, Any]] = {}
   for r in rows:
-    key = (gpu_of(r), r['workload'], r['precision'], bool(r.get('tiny')), memory_of(r))
-    key += (devices_of(r),)
+    key = (
+      gpu_of(r),
+      r['workload'],
+      r['precision'],
+      bool(r.get('tiny')),
+      memory_of(r),
+      devices_of(r),
+    )
     if key not in best or _rank(r) > _rank(best[key]):
       best[key] = r
   chosen = {id(r) for r in best.values()}
@@ -230,21 +236,23 @@ def _table(title: str, chosen: list[dict[str, Any]], notes: list[str], gpu: bool
   return tables.Table(title, header, [row(r, gpu) for r in chosen], notes, code=('command',))
 
 
-def _several_gpus(results: Iterable[dict[str, Any]]) -> bool:
-  return len({gpu_of(r) for r in latest(results)} - {''}) > 1  # '': a record names none
+def _split(results: Iterable[dict[str, Any]]) -> tuple[list, list, bool]:
+  """split()'s two lists, and whether their runs name more than one GPU ('': none named)."""
+  chosen, rest = split(results)
+  return chosen, rest, len({gpu_of(r) for r in chosen + rest} - {''}) > 1
 
 
 def table(results: Iterable[dict[str, Any]]) -> tables.Table:
   """The max batch and throughput of each GPU, workload, precision and memory, with its command;
   the GPU's column where the runs span more than one."""
-  results = list(results)
-  return _table(TITLE, split(results)[0], NOTES, _several_gpus(results))
+  chosen, _, several = _split(results)
+  return _table(TITLE, chosen, NOTES, several)
 
 
 def others(results: Iterable[dict[str, Any]]) -> tables.Table:
   """Every other measured run, the latest of each program, memory and batch, with its command."""
-  results = list(results)
-  return _table(OTHER_TITLE, split(results)[1], [], _several_gpus(results))
+  _, rest, several = _split(results)
+  return _table(OTHER_TITLE, rest, [], several)
 
 
 def measured_on(results: Iterable[dict[str, Any]]) -> str:
