@@ -137,12 +137,13 @@ def difference(grads, reference) -> float:
   return worst
 
 
-def _tiling_text(form: str, tiling: dict | None, dims: tuple, dtype) -> str:
+def _tiling_text(form: str, tiling: dict | None, dims: tuple, policy) -> str:
   if form != 'fused':
     return ''
   from models.layers import fused_attention  # pylint: disable=g-import-not-at-top
 
-  shown = tiling or fused_attention.default_blocks(dtype, dims[1])
+  tf32 = policy.matmul_precision != 'float32'
+  shown = tiling or fused_attention.default_blocks(policy.compute_dtype, dims[1], tf32)
   text = ','.join(str(shown[f]) for f in bench_flags.FIELDS)
   return text if tiling else f'{text} (default)'
 
@@ -159,7 +160,7 @@ def rows(names, precisions, tilings, tiny, warmup, steps, windows) -> list[tuple
       baseline = reference = None
       for form, tiling in forms(tilings):
         head = (name, precision_name, ' x '.join(map(str, dims[:4])), form)
-        head += (_tiling_text(form, tiling, dims, policy.compute_dtype),)
+        head += (_tiling_text(form, tiling, dims, policy),)
         try:
           compiled, args, compile_s = gradient(
             form, tiling, dims, policy.compute_dtype, policy.matmul_precision

@@ -26,7 +26,7 @@ def test_every_form_is_timed_and_computes_the_saved_forms_gradients():
   assert [r[3:5] for r in table] == [
     ('saved', ''),
     ('recomputed', ''),
-    ('fused', '128,128,128,8,8,2 (default)'),
+    ('fused', '32,32,32,4,4,2 (default)'),  # full float32's tiles
     ('fused', '16,16,16,2,2,1'),
   ]
   saved, *others = table

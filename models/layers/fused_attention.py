@@ -34,13 +34,19 @@ from models.layers import fused_attention_kernels as kernels
 from models.layers.fused_attention_kernels import Spec
 
 
-def default_blocks(dtype, k_len: int) -> dict:
+def default_blocks(dtype, k_len: int, tf32: bool = True) -> dict:
   """The kernels' tiles and warps, for BERT's shapes ([B, L, 12, 64] at L 128 and 384). A float32
-  tile of 128 x 128 with several key blocks needs more shared memory than an H200 has."""
+  tile of 128 x 128 with several key blocks needs more shared memory than an H200 has. Products
+  in full float32 (`tf32` False) run on the CUDA cores, not the tensor cores, and want small tiles:
+  on an H100 at bert_squad's [32, 384, 12, 64], 32 x 32 tiles ran the layer's forward and backward
+  passes in 6.45 ms against 65.1 ms at the tensor cores' tiles (python -m
+  jaxbench.attention_benchmark --precisions=fp32 --blocks=..., 2026-12-06)."""
   if jnp.dtype(dtype).itemsize == 2:
     if k_len <= 128:
       return dict(block_q=128, block_k=128, block_bwd=64, warps=8, warps_bwd=4, stages=2)
     return dict(block_q=64, block_k=64, block_bwd=64, warps=4, warps_bwd=4, stages=2)
+  if not tf32:
+    return dict(block_q=32, block_k=32, block_bwd=32, warps=4, warps_bwd=4, stages=2)
   if k_len <= 128:  # one key block: dQ, dK and dV in one backward kernel
     return dict(block_q=128, block_k=128, block_bwd=128, warps=8, warps_bwd=8, stages=2)
   return dict(block_q=128, block_k=64, block_bwd=64, warps=8, warps_bwd=4, stages=2)
@@ -276,7 +282,8 @@ def dot_product_attention(
   if mask is None:
     mask = jnp.ones((batch, 1, lq, lk), jnp.int8)
   mask = jnp.broadcast_to(mask, (batch, mask.shape[1], lq, lk)).astype(jnp.int8)
-  blocks = {**default_blocks(query.dtype, lk), **(blocks or {})}
+  tf32 = jax.config.jax_default_matmul_precision != 'float32'
+  blocks = {**default_blocks(query.dtype, lk, tf32), **(blocks or {})}
   bq, bk = _block(lq, blocks['block_q']), _block(lk, blocks['block_k'])
   bb = _block(min(lq, lk), blocks['block_bwd'])
   lq_p, lk_p = _round_up(lq, max(bq, bb)), _round_up(lk, max(bk, bb))
@@ -287,7 +294,7 @@ def dot_product_attention(
     k_len=lk,
     keep=1.0 - dropout_rate if dropout else 1.0,
     scale=1.0 / math.sqrt(d),
-    tf32=jax.config.jax_default_matmul_precision != 'float32',
+    tf32=tf32,
     block_q=bq,
     block_k=bk,
     block_bwd=bb,

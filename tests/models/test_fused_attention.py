@@ -79,6 +79,7 @@ def test_the_flat_index_carries_into_its_high_word():
   [
     (40, 40, 1, SMALL_TILES),  # padded to 48, three key tiles: dQ in its own kernel
     (24, 24, 2, None),  # one key tile: dQ in the dK/dV kernel; a mask per head
+    (72, 72, 1, None),  # full float32's default 32 x 32 tiles: padded to 96, three key tiles
     (8, 40, 1, SMALL_TILES),  # keys longer than queries (cross attention)
   ],
 )
