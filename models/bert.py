@@ -10,6 +10,7 @@ import optax
 from models import transformer
 from models import workload as wl
 from models.layers import attention as attention_layers
+from models.layers import cross_entropy as cross_entropy_layers
 from models.layers import embed as embed_layers
 from models.layers import gelu as gelu_layers
 
@@ -139,9 +140,8 @@ def pretraining_loss(cfg, outputs, batch):
   del cfg
   mlm_logits, nsp_logits = outputs
   weights = batch['masked_weights']
-  mlm = (cross_entropy(mlm_logits, batch['masked_ids']) * weights).sum() / jnp.maximum(
-    weights.sum(), 1.0
-  )
+  mlm_nll = cross_entropy_layers.token_losses(mlm_logits, batch['masked_ids'])[1]
+  mlm = (mlm_nll * weights).sum() / jnp.maximum(weights.sum(), 1.0)
   nsp = cross_entropy(nsp_logits, batch['next_sentence']).mean()
   return mlm + nsp, {'mlm_loss': mlm, 'nsp_loss': nsp}
 
@@ -251,7 +251,7 @@ BERT_BASE = wl.Workload(
     lambda cfg, dtype: BertPretraining(cfg, dtype), make_batch, pretraining_loss, adamw
   ),
   flops_per_example=pretraining_flops,
-  revision=6,
+  revision=7,
 )
 
 

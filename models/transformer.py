@@ -11,6 +11,7 @@ import optax
 
 from models import workload as wl
 from models.layers import attention as attention_layers
+from models.layers import cross_entropy as cross_entropy_layers
 from models.layers import embed as embed_layers
 
 PAD = 0  # token id of padding; synthetic sentences never draw it
@@ -128,11 +129,9 @@ class TransformerBig(nn.Module):
 
 
 def label_smoothed_nll(logits_BxTxV, targets_BxT, epsilon, weights_BxT=None):
-  """fairseq's label_smoothed_cross_entropy: (1-eps)*nll + eps/V * sum(-log p), per token."""
-  logp = jax.nn.log_softmax(logits_BxTxV.astype(jnp.float32), axis=-1)
-  nll = -jnp.take_along_axis(logp, targets_BxT[..., None], axis=-1)[..., 0]
-  smooth = -logp.sum(axis=-1)
-  per_token = (1.0 - epsilon) * nll + (epsilon / logp.shape[-1]) * smooth
+  """fairseq's label_smoothed_cross_entropy: (1-eps)*nll + eps/V * sum(-log p), per token; the
+  weighted means of it and of the nll."""
+  per_token, nll = cross_entropy_layers.token_losses(logits_BxTxV, targets_BxT, epsilon)
   if weights_BxT is None:
     weights_BxT = jnp.ones_like(per_token)
   denom = jnp.maximum(weights_BxT.sum(), 1.0)
@@ -258,5 +257,5 @@ TRANSFORMER_BIG = wl.Workload(
   example_size=lambda cfg: max(cfg['src_len'], cfg['tgt_len']),
   units_per_example=lambda cfg: cfg['tgt_len'],
   default_precision='fp16',
-  revision=3,
+  revision=4,
 )

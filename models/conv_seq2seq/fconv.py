@@ -354,7 +354,7 @@ FCONV_WMT_EN_DE = wl.Workload(
   ),
   trainer=wl.supervised(lambda cfg, dtype: FConv(cfg, dtype), make_batch, loss, optimizer),
   # 2: the convolution keeps only its input and kernel for the backward pass (a custom VJP).
-  revision=3,
+  revision=4,
   spec=dict(
     src_vocab=wl.Key(lo=EOS + 1),
     tgt_vocab=wl.Key(lo=EOS + 1),
