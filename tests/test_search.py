@@ -12,7 +12,7 @@ import time
 import jax
 import pytest
 
-from jaxbench.core import backend, bench, hints, probe, probing, search, search_log, timing
+from jaxbench.core import aim, backend, bench, hints, probe, probing, search, search_log, timing
 from jaxbench.core import program as prog
 from models import precision, registry, transformer
 from models import workload as wl
@@ -121,6 +121,52 @@ def test_a_tolerance_stops_the_search_early_with_a_true_fit():
   assert loose.max_examples <= 700 < fails <= loose.max_examples * 1.02 + 1
   assert loose.best.n == loose.max_examples  # the reported max is one that ran
   assert len(loose.trials) < len(exact.trials)
+
+
+def _trial(n, peak, fits):
+  return probe.Trial(n, n, probe.FITS if fits else probe.OOM_PREDICTED, predicted_peak_bytes=peak)
+
+
+def test_a_tolerance_sends_a_probe_the_line_puts_beside_a_fit_to_where_its_failure_ends_it():
+  # transformer_big fp16 on an 80 GB card (2026-12-06), in sentence pairs: 3803 fitted 8 MB under
+  # the budget, 3971 was over it. The line puts the boundary at 3803, and an exact search creeps
+  # up from there (3804 fitted, 3814 did not: two more compiles). Within 0.5%, one probe at
+  # 3803 + 19 settles it if it fails, as the line says it will.
+  budget = 80_767_614_976
+  trials = [_trial(1, 3_077_912_732, True), _trial(139, 5_778_343_236, True)]
+  trials += [_trial(3971, 84_188_048_756, False), _trial(3803, 80_756_432_180, True)]
+  exact = aim.next_probe(trials, budget, 3803, 3971, 1 << 20, 1, False)
+  loose = aim.next_probe(trials, budget, 3803, 3971, 1 << 20, 1, False, tolerance=0.005)
+  assert exact == (3804, 'up')
+  assert loose == (3822, 'up') and aim.closed(3803, 3822, 0.005)
+  assert not aim.closed(3803, 3823, 0.005)
+
+
+def test_a_tolerance_sends_a_probe_the_line_puts_beside_a_failure_to_where_its_fit_ends_it():
+  # Peak 10 a unit: 1000 fits at 10,000, 1100 fails; the line says 1099 fits. Within 1% a fit
+  # at 1090 ends the search (1100 - 1090 <= 10), so the probe goes there, not to 1099.
+  trials = [_trial(1000, 10_000, True), _trial(1100, 11_000, False)]
+  assert aim.next_probe(trials, 10_999, 1000, 1100, 1 << 20, 1, False) == (1099, None)
+  n, _ = aim.next_probe(trials, 10_999, 1000, 1100, 1 << 20, 1, False, tolerance=0.01)
+  assert n == 1090 and aim.closed(n, 1100, 0.01) and not aim.closed(n - 1, 1100, 0.01)
+
+
+def test_a_tolerance_probes_where_either_outcome_ends_the_search():
+  # 1000 fits, 1030 fails, within 2%: a probe at 1010 to 1020 ends it whatever happens; the
+  # line's 1025 moves into that range.
+  trials = [_trial(1000, 10_000, True), _trial(1030, 10_300, False)]
+  n, _ = aim.next_probe(trials, 10_250, 1000, 1030, 1 << 20, 1, False, tolerance=0.02)
+  assert n == 1020 and aim.closed(1000, n, 0.02) and aim.closed(n, 1030, 0.02)
+
+
+def test_a_tolerance_search_on_a_line_takes_fewer_compiles_and_stays_within_it():
+  for a, b, boundary in ((3 * 10**9, 20_000_000, 3803), (10**9, 7, 123_457), (500, 3, 900)):
+    budget = a + b * boundary + b // 2
+    exact = search.find_max_batch(FakeProgram(a=a, b=b), budget)
+    loose = search.find_max_batch(FakeProgram(a=a, b=b), budget, tolerance=0.005)
+    assert exact.max_examples == boundary
+    assert boundary - int(0.005 * boundary) - 1 <= loose.max_examples <= boundary
+    assert len(loose.trials) <= len(exact.trials)
 
 
 def _peaks(result):

@@ -67,6 +67,24 @@ def _nearest_pair(peaks: dict[int, int], budget: int) -> tuple[tuple[int, int], 
   return over[0], over[-1]
 
 
+def closed(lo: int, hi: int | None, tolerance: float) -> bool:
+  """Whether the largest fit `lo` and the smallest failure `hi` are close enough to stop: one
+  example apart, or within `tolerance` x lo."""
+  return hi is not None and hi - lo <= max(1, int(tolerance * lo))
+
+
+def _closers(lo: int, hi: int, tolerance: float) -> tuple[int, int]:
+  """The largest batch whose failure would close the bracket (lo, hi), and the smallest whose
+  fit would (closed)."""
+  up = lo + max(1, int(tolerance * lo))
+  down = int(hi / (1 + tolerance))
+  while down > lo + 1 and closed(down - 1, hi, tolerance):
+    down -= 1
+  while not closed(down, hi, tolerance):
+    down += 1
+  return up, down
+
+
 def next_probe(
   trials: list[Trial],
   budget: int | None,
@@ -76,26 +94,35 @@ def next_probe(
   gallop: int,
   line_missed: bool,
   hints: dict[int, int] | None = None,
+  tolerance: float = 0.0,
 ) -> tuple[int, str | None]:
   """Where to probe next, given the largest fit `lo` and smallest failure `hi`.
 
-  The line's guess when it falls strictly inside the bracket. When the line
-  points at or beyond an edge of the bracket, gallop from that edge (steps 1,
-  2, 4, ... so a boundary just beside a probe costs a few probes), never past
-  the middle. Without a line, or once a gallop has crossed the boundary (the
-  line is wrong here): doubling, then bisection. Returns n and the
-  gallop's direction ('up' from lo, 'down' from hi, or None).
+  The line's guess when it falls strictly inside the bracket. When the line points at or beyond
+  an edge of the bracket, gallop from that edge (steps 1, 2, 4, ... so a boundary just beside a
+  probe costs a few probes; with a tolerance, the first step as long as the tolerance allows),
+  never past the middle. Without a line, or once a gallop has crossed the
+  boundary (the line is wrong here): doubling, then bisection. Returns n and the gallop's
+  direction ('up' from lo, 'down' from hi, or None).
   """
   probed = {t.examples for t in trials}
   guess = line_guess(trials, budget, lo, hi, hints)
   inside = guess is not None and guess > lo and (hi is None or guess < hi)
   if guess is None or (line_missed and not inside):
     return (min(2 * lo, max_examples) if hi is None else (lo + hi) // 2), None
-  if guess > lo and (hi is None or guess < hi) and guess not in probed:
-    return min(guess, max_examples), None
   if hi is None:
+    if inside and guess not in probed:
+      return min(guess, max_examples), None
     return min(lo + gallop, max_examples), 'up'
+  # With a tolerance the search need not find the boundary, only a bracket within it: a probe
+  # the line puts just above lo (a failure) or just below hi (a fit) goes to the farthest batch
+  # whose likely outcome still ends the search; where one batch ends it either way, there.
+  up, down = _closers(lo, hi, tolerance) if tolerance > 0 else (lo + 1, hi - 1)
+  if inside and not line_missed:
+    guess = min(max(guess, down), up) if down <= up else up if guess < up else min(guess, down)
+  if lo < guess < hi and guess not in probed:
+    return guess, None
   mid = (lo + hi) // 2
   if guess <= lo:
-    return max(min(lo + gallop, mid), lo + 1), 'up'
-  return min(max(hi - gallop, mid), hi - 1), 'down'
+    return max(min(max(lo + gallop, up), mid), lo + 1), 'up'
+  return min(max(min(hi - gallop, down), mid), hi - 1), 'down'

@@ -111,7 +111,7 @@ def find_max_batch(
     return lo, hi if hi is None or hi <= max_examples else None  # above the cap: the cap bounds
 
   def closed(lo: int, hi: int | None) -> bool:
-    return (hi is not None and hi - lo <= max(1, int(tolerance * lo))) or lo >= max_examples
+    return aim.closed(lo, hi, tolerance) or lo >= max_examples
 
   def result(error: str | None = None) -> Result:
     lo, hi = bracket()
@@ -134,7 +134,9 @@ def find_max_batch(
   if hi is not None and hi <= lo:
     raise ValueError(f'the earlier trials disagree: {lo} examples fit, {hi} did not')
   if lo or hi is not None:
-    n, direction = aim.next_probe(deciding(), budget_bytes, lo, hi, max_examples, 1, False, hints)
+    n, direction = aim.next_probe(
+      deciding(), budget_bytes, lo, hi, max_examples, 1, False, hints, tolerance
+    )
   else:
     aimed = aim.line_guess([], budget_bytes, 0, None, hints) if hints else None
     n = min(max(aimed, 1), max_examples) if aimed is not None else 1
@@ -165,7 +167,7 @@ def find_max_batch(
       if closed(lo, hi):
         continue
       n, direction = aim.next_probe(
-        deciding(), budget_bytes, lo, hi, max_examples, gallop, line_missed, hints
+        deciding(), budget_bytes, lo, hi, max_examples, gallop, line_missed, hints, tolerance
       )
     steps = 0 if lazy and not distrust else run_steps
     trial, compiled = probe(program, n, budget_bytes, steps, verify_predicted_oom, on_phase)
@@ -182,7 +184,7 @@ def find_max_batch(
     gallop = 2 * gallop if kept_going else 1
     line_missed = line_missed or (direction is not None and not kept_going)
     n, direction = aim.next_probe(
-      deciding(), budget_bytes, lo, hi, max_examples, gallop, line_missed, hints
+      deciding(), budget_bytes, lo, hi, max_examples, gallop, line_missed, hints, tolerance
     )
     if n <= lo or (hi is not None and n >= hi) or n in {t.examples for t in deciding()}:
       return result(f'search stalled at {n} (fits {lo}, fails {hi})')
