@@ -101,9 +101,9 @@ def next_probe(
   The line's guess when it falls strictly inside the bracket. When the line points at or beyond
   an edge of the bracket, gallop from that edge (steps 1, 2, 4, ... so a boundary just beside a
   probe costs a few probes; with a tolerance, the first step as long as the tolerance allows),
-  never past the middle. Without a line, or once a gallop has crossed the
-  boundary (the line is wrong here): doubling, then bisection. Returns n and the gallop's
-  direction ('up' from lo, 'down' from hi, or None).
+  never past the middle. Without a line, or once a gallop has crossed the boundary (the line is
+  wrong here): doubling, then bisection. Returns n and the gallop's direction ('up' from lo,
+  'down' from hi, or None).
   """
   probed = {t.examples for t in trials}
   guess = line_guess(trials, budget, lo, hi, hints)
