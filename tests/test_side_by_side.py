@@ -157,6 +157,24 @@ def test_a_search_pair_shows_both_max_batches_and_their_ratio(toy):  # noqa: F81
   assert both['JAX / PyTorch'] == '1.34x over compiled'
 
 
+def test_each_fixed_batch_row_says_whether_jax_is_at_the_goal_or_how_far_short(toy):  # noqa: F811
+  def row(jax, eager, compiled=None, **batch):
+    batch = batch or {'search': FIXED, 'max_batch': 64}
+    runs = [jax_run(jax, **batch), torch_run(eager, **batch)]
+    if compiled is not None:
+      runs.append(torch_run(compiled, 40.0, torch_compile=True, **batch))
+    return cells(side_by_side.table(runs))['against 1.15x']
+
+  assert row(1150.0, 1000.0, 900.0) == 'met'  # 1.15x the better side exactly
+  assert row(1150.0, 900.0, 1000.0) == 'met'
+  assert row(1030.0, 900.0, 1000.0) == 'short: JAX needs +12%'  # 1.03x: 1.15 / 1.03 = 1.117
+  assert row(970.0, 1000.0, 900.0) == 'short: JAX needs +19%'  # 0.97x of eager, the better
+  assert row(1500.0, 1000.0) == 'met, compiled not run'
+  assert row(1100.0, 1000.0) == 'short: JAX needs +5%, compiled not run'
+  # Max-batch searches ran their sides at different batches: no goal.
+  assert row(1500.0, 1000.0, max_batch=82, max_examples=82) == '-'
+
+
 def test_rows_follow_the_2020_workload_order_then_precision():
   def run(workload, precision, framework):
     make = jax_run if framework == 'jax' else torch_run

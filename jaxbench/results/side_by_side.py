@@ -9,6 +9,9 @@ from typing import Any, Iterable
 from jaxbench.results import commands, measured, records, store, tables
 
 TITLE = 'JAX and PyTorch on the same GPU, precision, memory and batch'
+# jaxbench's aim beside PyTorch: at the same batch and precision, JAX's throughput at least this
+# many times the better of PyTorch eager and torch.compile.
+GOAL = 1.15
 SIDES = ('jax', 'eager', 'compiled')
 HEADER = [
   'workload',
@@ -20,6 +23,7 @@ HEADER = [
   'PyTorch eager',
   'PyTorch compiled',
   'JAX / PyTorch',
+  'against 1.15x',
   'peak memory JAX',
   'peak memory PyTorch',
   'date',
@@ -34,6 +38,11 @@ NOTES = [
   'batch: a fixed batch (--batch_size) pairs only with the same batch; "max J / P" pairs two '
   'max-batch searches: JAX\'s max batch, PyTorch\'s (eager\'s and compiled\'s where they '
   'differ), and JAX\'s over the larger PyTorch one. memory: as in the measured tables.',
+  f'against {GOAL}x: at a fixed batch, whether JAX runs at least {GOAL} times the better '
+  'PyTorch side, jaxbench\'s aim, and if not, the speed-up it lacks ("short: JAX needs +8%"); '
+  '"compiled not run" where torch.compile has no run to compare. The rows short of it, and what '
+  'their profiles showed, are in docs/performance.md ("Beside PyTorch at the comparison batch"). '
+  '"-" for max-batch searches, whose sides ran at different batches.',
   'PyTorch compiled: its throughput and, in parentheses, its first step: torch.compile\'s '
   'compile and autotuning. peak memory: JAX\'s is the compiled step\'s forecast (XLA\'s memory '
   'analysis), PyTorch\'s the allocator\'s measured peak. commands: the command of each side\'s '
@@ -145,6 +154,17 @@ def ratio(by: dict[str, dict[str, Any]]) -> str:
   return text + (f' over {better}' if len(torch) > 1 else '')
 
 
+def against_goal(by: dict[str, dict[str, Any]]) -> str:
+  """At a fixed batch, whether JAX's throughput is GOAL times the better PyTorch side's, or
+  the speed-up it lacks; '-' for max-batch searches (their sides ran at different batches)."""
+  if not measured.is_fixed(by['jax']):
+    return '-'
+  better = max(_rate(by[m]) for m in SIDES[1:] if m in by)
+  need = GOAL * better / _rate(by['jax'])
+  text = 'met' if need <= 1 else f'short: JAX needs +{math.ceil((need - 1) * 100)}%'
+  return text + ('' if 'compiled' in by else ', compiled not run')
+
+
 def _peak(r: dict[str, Any]) -> int | None:
   m = r['measurement']
   return m.get('predicted_peak_bytes' if side(r) == 'jax' else 'process_peak_bytes')
@@ -176,6 +196,7 @@ def row(by: dict[str, dict[str, Any]]) -> list[str]:
     throughput(by.get('eager')),
     throughput(by.get('compiled')),
     ratio(by),
+    against_goal(by),
     records.human_bytes(_peak(j)),
     peak_torch(by),
     _dates(by),
