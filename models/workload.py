@@ -207,6 +207,10 @@ class Workload:
   # GANs: the combined loss of two competing networks need not fall on a fixed
   # batch; their own tests check each network's loss with the other frozen.
   adversarial: bool = False
+  # The batches the workload runs: any number of examples below this, else a multiple of it.
+  # fairseq's --required-batch-size-multiple (8 by default): a batch of sentences under
+  # --max-tokens is cut to a multiple of 8, so the max-batch search probes only those.
+  batch_multiple: int = 1
   # Raised when the same configuration's compiled program changes (and with it its memory):
   # results record it, and --search_hints takes forecasts only from the same revision.
   revision: int = 1

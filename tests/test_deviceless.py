@@ -166,3 +166,17 @@ def test_the_encoder_keeps_the_batch_major_on_a_gpu():
   assert f'f32[64,{length},{hidden}]' in text
   assert f'f32[{length},{hidden},64]' not in text  # the residual stream with the batch minor
   assert f'f32[{length},64]' not in text  # LayerNorm's statistics in [L, B] order
+
+
+def test_transformer_big_in_multiples_of_8_sentences_pads_no_matrix_product():
+  """In fp16 and bf16 XLA pads each matrix product's dimensions to multiples of 8 for the
+  tensor cores, copying the operand; at 30 tokens a sentence, 9 sentences (270 tokens) pad the
+  token dimension of every product, 8 (240) none: why transformer_big runs fairseq's multiples
+  of 8 (its batch_multiple)."""
+  target = _cuda_target_or_skip()
+  w = registry.get('transformer_big')
+  cfg = w.resolve(tiny=False, overrides={})
+  step = prog.Program(w, cfg, precision.get('bf16'), target=target)
+  step.compiler_options = {'xla_gpu_enable_triton_gemm': False}  # a run's default: cuBLAS
+  assert 'bf16[272,1024]' in step.compile(9).executable.as_text()  # 270 tokens padded to 272
+  assert 'bf16[248,1024]' not in step.compile(8).executable.as_text()

@@ -38,6 +38,7 @@ class FakeProgram:
     compile_fails_above=None,
     error_at=None,
     example_size=1,
+    batch_multiple=1,
   ):
     self.a, self.b, self.kink, self.bump = a, b, kink, bump
     self.run_fails_above = run_fails_above
@@ -53,6 +54,7 @@ class FakeProgram:
       trainer=None,
       flops_per_example=lambda cfg: 1.0,
       example_size=lambda cfg: example_size,
+      batch_multiple=batch_multiple,
     )
     self.cfg = {}
     self.compiled, self.ran = [], []
@@ -167,6 +169,32 @@ def test_a_tolerance_search_on_a_line_takes_fewer_compiles_and_stays_within_it()
     assert exact.max_examples == boundary
     assert boundary - int(0.005 * boundary) - 1 <= loose.max_examples <= boundary
     assert len(loose.trials) <= len(exact.trials)
+
+
+@pytest.mark.parametrize('tolerance', [0.0, 0.005])
+@pytest.mark.parametrize('boundary', [5, 12, 3803, 3807, 123_457])
+def test_a_workload_that_runs_multiples_of_8_is_searched_in_them(boundary, tolerance):
+  # fairseq cuts a batch of sentences to a multiple of 8 (--required-batch-size-multiple); the
+  # search probes only what the workload runs: any batch below 8, else a multiple of 8.
+  a, b = 3 * 10**9, 20_000_000
+  p = FakeProgram(a=a, b=b, batch_multiple=8)
+  r = search.find_max_batch(p, a + b * boundary + b // 2, tolerance=tolerance)
+  assert all(n < 8 or n % 8 == 0 for n in p.compiled), p.compiled
+  best = boundary if boundary < 8 else boundary - boundary % 8
+  assert best - max(8, int(tolerance * best)) <= r.max_examples <= best and r.error is None
+  if tolerance == 0:
+    assert r.max_examples == best
+  assert r.best.n == r.max_examples
+
+
+def test_snap_keeps_a_probe_inside_the_bracket_on_a_batch_the_workload_runs():
+  assert aim.snap(3803, 3000, 4000, 8) == 3800 and aim.snap(3805, 3000, 4000, 8) == 3808
+  assert aim.snap(3803, 3800, 4000, 8) == 3808  # the multiple below is the fit itself
+  assert aim.snap(3, 0, 100, 8) == 3  # below the multiple, any batch
+  assert aim.snap(3803, 3800, 3808, 8) is None  # nothing between two neighbours
+  assert aim.closed(3800, 3808, 0.0, 8) and not aim.closed(3800, 3816, 0.0, 8)
+  assert aim.closed(7, 8, 0.0, 8) and not aim.closed(6, 8, 0.0, 8)
+  assert aim.snap(41, 40, None, 1) == 41 and aim.snap(41, 40, None, 8) == 48
 
 
 def _peaks(result):

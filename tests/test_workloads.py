@@ -38,3 +38,17 @@ def test_describe_counts_without_allocating(name):
   assert all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(shapes))
   assert w.flops_per_example(w.resolve(tiny=True)) > 0
   assert w.example_size(w.config) >= 1
+
+
+def test_fairseqs_workloads_run_sentences_in_multiples_of_8():
+  from jaxbench.core import run_record  # pylint: disable=g-import-not-at-top
+
+  for name in ('transformer_big', 'conv_seq2seq'):
+    w = registry.get(name)
+    cfg = w.resolve()
+    # fairseq's --max-tokens 16384 at 30 tokens a sentence: 546 sentences, cut to 544.
+    assert w.batch_multiple == 8 and run_record.examples_for(w, cfg, 16_384) == 544
+    assert run_record.examples_for(w, cfg, 7 * 30 + 29) == 7  # below 8, any number
+    assert run_record.examples_for(w, cfg, 8 * 30 - 1) == 7
+  bert = registry.get('bert_base')
+  assert bert.batch_multiple == 1 and run_record.examples_for(bert, bert.resolve(), 65) == 65

@@ -67,15 +67,36 @@ def _nearest_pair(peaks: dict[int, int], budget: int) -> tuple[tuple[int, int], 
   return over[0], over[-1]
 
 
-def closed(lo: int, hi: int | None, tolerance: float) -> bool:
-  """Whether the largest fit `lo` and the smallest failure `hi` are close enough to stop: one
-  example apart, or within `tolerance` x lo."""
-  return hi is not None and hi - lo <= max(1, int(tolerance * lo))
+def allowed(n: int, multiple: int) -> bool:
+  """Whether a batch of n examples is one the workload runs: any below `multiple`, else a
+  multiple of it (fairseq's --required-batch-size-multiple; 1: any)."""
+  return n < multiple or n % multiple == 0
+
+
+def snap(n: int, lo: int, hi: int | None, multiple: int) -> int | None:
+  """The batch the workload runs nearest to n strictly between lo and hi (the lower of two as
+  near), or None where there is none."""
+  below = n if allowed(n, multiple) else n - n % multiple  # n >= multiple here: below >= it
+  above = n if allowed(n, multiple) else below + multiple
+  inside = [c for c in (below, above) if lo < c and (hi is None or c < hi)]
+  if not inside:  # n lies outside (lo, hi): the first batch run above lo, if below hi
+    first = lo + 1 if allowed(lo + 1, multiple) else lo - lo % multiple + multiple
+    inside = [first] if hi is None or first < hi else []
+  return min(inside, key=lambda c: (abs(c - n), c)) if inside else None
+
+
+def closed(lo: int, hi: int | None, tolerance: float, multiple: int = 1) -> bool:
+  """Whether the largest fit `lo` and the smallest failure `hi` are close enough to stop: no
+  batch the workload runs between them (one example apart, where it runs any), or within
+  `tolerance` x lo."""
+  if hi is None:
+    return False
+  return hi - lo <= max(1, int(tolerance * lo)) or snap(lo + 1, lo, hi, multiple) is None
 
 
 def _closers(lo: int, hi: int, tolerance: float) -> tuple[int, int]:
-  """The largest batch whose failure would close the bracket (lo, hi), and the smallest whose
-  fit would (closed)."""
+  """The largest batch whose failure would close the bracket (lo, hi) within the tolerance,
+  and the smallest whose fit would."""
   up = lo + max(1, int(tolerance * lo))
   down = int(hi / (1 + tolerance))
   while down > lo + 1 and closed(down - 1, hi, tolerance):
@@ -95,8 +116,10 @@ def next_probe(
   line_missed: bool,
   hints: dict[int, int] | None = None,
   tolerance: float = 0.0,
+  multiple: int = 1,
 ) -> tuple[int, str | None]:
-  """Where to probe next, given the largest fit `lo` and smallest failure `hi`.
+  """Where to probe next, given the largest fit `lo` and smallest failure `hi`: a batch the
+  workload runs (snap), nearest to where the rules below aim.
 
   The line's guess when it falls strictly inside the bracket. When the line points at or beyond
   an edge of the bracket, gallop from that edge (steps 1, 2, 4, ... so a boundary just beside a
@@ -105,6 +128,13 @@ def next_probe(
   wrong here): doubling, then bisection. Returns n and the gallop's direction ('up' from lo,
   'down' from hi, or None).
   """
+  n, direction = _aim(trials, budget, lo, hi, max_examples, gallop, line_missed, hints, tolerance)
+  snapped = snap(n, lo, min(hi, max_examples + 1) if hi is not None else max_examples + 1, multiple)
+  return (n if snapped is None else snapped), direction
+
+
+def _aim(trials, budget, lo, hi, max_examples, gallop, line_missed, hints, tolerance):
+  """next_probe's aim, before it is snapped to a batch the workload runs."""
   probed = {t.examples for t in trials}
   guess = line_guess(trials, budget, lo, hi, hints)
   inside = guess is not None and guess > lo and (hi is None or guess < hi)

@@ -91,6 +91,10 @@ def find_max_batch(
   if run_steps == 0 and budget_bytes is None:
     raise ValueError('a compile-only search needs a memory budget')
   start = time.perf_counter()
+  # The batches the workload runs: any below the multiple, else multiples of it (1: any).
+  multiple = max(1, getattr(program.workload, 'batch_multiple', 1))
+  if multiple > 1 and not aim.allowed(max_examples, multiple):
+    max_examples -= max_examples % multiple
   # Earlier fits above the cap would make a max the cap forbids.
   trials = [t for t in known or [] if not (t.fits and t.examples > max_examples)]
   # Fits by forecast alone count until a forecast has been wrong.
@@ -111,7 +115,7 @@ def find_max_batch(
     return lo, hi if hi is None or hi <= max_examples else None  # above the cap: the cap bounds
 
   def closed(lo: int, hi: int | None) -> bool:
-    return aim.closed(lo, hi, tolerance) or lo >= max_examples
+    return aim.closed(lo, hi, tolerance, multiple) or lo >= max_examples
 
   def result(error: str | None = None) -> Result:
     lo, hi = bracket()
@@ -135,11 +139,12 @@ def find_max_batch(
     raise ValueError(f'the earlier trials disagree: {lo} examples fit, {hi} did not')
   if lo or hi is not None:
     n, direction = aim.next_probe(
-      deciding(), budget_bytes, lo, hi, max_examples, 1, False, hints, tolerance
+      deciding(), budget_bytes, lo, hi, max_examples, 1, False, hints, tolerance, multiple
     )
   else:
     aimed = aim.line_guess([], budget_bytes, 0, None, hints) if hints else None
     n = min(max(aimed, 1), max_examples) if aimed is not None else 1
+    n = aim.snap(n, 0, max_examples + 1, multiple) or 1
   while True:
     if closed(lo, hi):
       if lo == 0 or run_steps == 0 or (best is not None and best.n == lo and ran):
@@ -167,7 +172,16 @@ def find_max_batch(
       if closed(lo, hi):
         continue
       n, direction = aim.next_probe(
-        deciding(), budget_bytes, lo, hi, max_examples, gallop, line_missed, hints, tolerance
+        deciding(),
+        budget_bytes,
+        lo,
+        hi,
+        max_examples,
+        gallop,
+        line_missed,
+        hints,
+        tolerance,
+        multiple,
       )
     steps = 0 if lazy and not distrust else run_steps
     trial, compiled = probe(program, n, budget_bytes, steps, verify_predicted_oom, on_phase)
@@ -184,7 +198,16 @@ def find_max_batch(
     gallop = 2 * gallop if kept_going else 1
     line_missed = line_missed or (direction is not None and not kept_going)
     n, direction = aim.next_probe(
-      deciding(), budget_bytes, lo, hi, max_examples, gallop, line_missed, hints, tolerance
+      deciding(),
+      budget_bytes,
+      lo,
+      hi,
+      max_examples,
+      gallop,
+      line_missed,
+      hints,
+      tolerance,
+      multiple,
     )
     if n <= lo or (hi is not None and n >= hi) or n in {t.examples for t in deciding()}:
       return result(f'search stalled at {n} (fits {lo}, fails {hi})')

@@ -29,7 +29,8 @@ from jaxbench.results import records, store
 # (--reference_batch), in the workload's units: a fixed batch, the same for both sides, because
 # the max batches differ and one --batch_size does not fit workloads measured in images,
 # sequences and tokens. A batch in tokens becomes whole examples as --batch_size does
-# (run_record.examples_for: rounded down).
+# (run_record.examples_for: rounded down, to a multiple of 8 sentences for fairseq's workloads:
+# transformer_big's 16,384 tokens are 544 pairs, conv_seq2seq's 16,000 528).
 REFERENCE_BATCH = {
   'bert_base': 64,  # sequences
   'bert_squad': 32,  # sequences

@@ -354,7 +354,9 @@ FCONV_WMT_EN_DE = wl.Workload(
   ),
   trainer=wl.supervised(lambda cfg, dtype: FConv(cfg, dtype), make_batch, loss, optimizer),
   # 2: the convolution keeps only its input and kernel for the backward pass (a custom VJP).
-  revision=4,
+  revision=5,
+  # fairseq's --required-batch-size-multiple (8), as transformer_big.
+  batch_multiple=8,
   spec=dict(
     src_vocab=wl.Key(lo=EOS + 1),
     tgt_vocab=wl.Key(lo=EOS + 1),
