@@ -26,7 +26,8 @@ BATCH_SIZE = flags.DEFINE_integer(
   'batch_size',
   None,
   'Measure at this batch instead of searching for the largest, in the workload\'s unit '
-  '(images, sequences, or tokens for translation).',
+  '(images, sequences, or tokens for translation: cut to whole sentences, in multiples of 8 '
+  'for fairseq\'s workloads, as fairseq cuts --max-tokens).',
   lower_bound=1,
 )
 PRECISION = flags.DEFINE_enum(
