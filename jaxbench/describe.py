@@ -29,6 +29,8 @@ def describe(w: wl.Workload, tiny: bool = False, overrides=None) -> str:
       'params': counts['total'],
       'param_groups': {k: v for k, v in counts.items() if k != 'total'},
       'example_size': w.example_size(cfg),
+      # The batches it runs: any number of examples below this, else its multiples.
+      'batch_multiple': w.batch_multiple,
       'units_per_example': w.units_per_example(cfg),
       'flops_per_example': w.flops_per_example(cfg),
       'tiny': tiny,

@@ -178,6 +178,9 @@ def test_describe_gives_exact_parameter_counts(quick_runs):
   assert described['transformer_big']['params'] == 209_911_808
   assert described['transformer_big']['unit'] == 'tokens'
   assert described['bert_base']['config']['seq_len'] == 128
+  # fairseq's sentences in multiples of 8; any batch of BERT's sequences.
+  assert described['transformer_big']['batch_multiple'] == 8
+  assert described['bert_base']['batch_multiple'] == 1
 
 
 @pytest.fixture(scope='module')
