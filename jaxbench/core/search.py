@@ -134,13 +134,26 @@ def find_max_batch(
     if on_trial:
       on_trial(trial)
 
+  def aim_next(lo: int, hi: int | None, gallop: int, line_missed: bool) -> tuple[int, str | None]:
+    """The next probe and its gallop's direction (aim.next_probe) from this search's trials."""
+    return aim.next_probe(
+      deciding(),
+      budget_bytes,
+      lo,
+      hi,
+      max_examples,
+      gallop,
+      line_missed,
+      hints,
+      tolerance,
+      multiple,
+    )
+
   lo, hi = bracket()
   if hi is not None and hi <= lo:
     raise ValueError(f'the earlier trials disagree: {lo} examples fit, {hi} did not')
   if lo or hi is not None:
-    n, direction = aim.next_probe(
-      deciding(), budget_bytes, lo, hi, max_examples, 1, False, hints, tolerance, multiple
-    )
+    n, direction = aim_next(lo, hi, 1, False)
   else:
     aimed = aim.line_guess([], budget_bytes, 0, None, hints) if hints else None
     n = min(max(aimed, 1), max_examples) if aimed is not None else 1
@@ -171,18 +184,7 @@ def find_max_batch(
       lo, hi = bracket()
       if closed(lo, hi):
         continue
-      n, direction = aim.next_probe(
-        deciding(),
-        budget_bytes,
-        lo,
-        hi,
-        max_examples,
-        gallop,
-        line_missed,
-        hints,
-        tolerance,
-        multiple,
-      )
+      n, direction = aim_next(lo, hi, gallop, line_missed)
     steps = 0 if lazy and not distrust else run_steps
     trial, compiled = probe(program, n, budget_bytes, steps, verify_predicted_oom, on_phase)
     record(trial)
@@ -197,17 +199,6 @@ def find_max_batch(
     kept_going = (direction == 'up' and trial.fits) or (direction == 'down' and not trial.fits)
     gallop = 2 * gallop if kept_going else 1
     line_missed = line_missed or (direction is not None and not kept_going)
-    n, direction = aim.next_probe(
-      deciding(),
-      budget_bytes,
-      lo,
-      hi,
-      max_examples,
-      gallop,
-      line_missed,
-      hints,
-      tolerance,
-      multiple,
-    )
+    n, direction = aim_next(lo, hi, gallop, line_missed)
     if n <= lo or (hi is not None and n >= hi) or n in {t.examples for t in deciding()}:
       return result(f'search stalled at {n} (fits {lo}, fails {hi})')
