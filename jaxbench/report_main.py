@@ -52,10 +52,9 @@ def main(argv: list[str]) -> int:
   if not store_paths or not out_dir:
     _fail('give --store=FILE[,FILE...] (a sweep\'s JSON Lines) and --out=DIR')
   for path in store_paths:
-    if not os.path.isfile(path):
-      _fail(f'--store: no file {path}')
-    if not store.read(path)[0]:  # empty, or not a store: no line of it is a result
-      _fail(f'--store: {path} holds no result (no line of it is a whole jaxbench result)')
+    problem = store.not_a_store(path)  # no file, or empty, or no line of it a result
+    if problem:
+      _fail(f'--store: {problem}')
   try:
     catalog.get(reference)
   except catalog.CatalogError as e:

@@ -12,7 +12,6 @@ search's aim, not a prediction of a new run.
 """
 
 import functools
-import os
 import statistics
 
 from absl import app, flags
@@ -61,10 +60,9 @@ def main(argv: list[str]) -> int:
   if not paths:
     _fail('give --store=FILE[,FILE...] (results in JSON Lines)')
   for path in paths:
-    if not os.path.isfile(path):
-      _fail(f'--store: no file {path}')
-    if not store.read(path)[0]:
-      _fail(f'--store: {path} holds no result (no line of it is a whole jaxbench result)')
+    problem = store.not_a_store(path)  # no file, or empty, or no line of it a result
+    if problem:
+      _fail(f'--store: {problem}')
   replays = replay.replay_stores(paths, replay_flags.TOLERANCE.value)
   if not replays:
     _fail('--store: no search to replay (a JAX max-batch search under a budget, without hints)')

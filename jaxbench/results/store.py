@@ -129,6 +129,16 @@ def problem(record: Any) -> str | None:
   return None
 
 
+def not_a_store(path: str) -> str | None:
+  """Why a file given as --store cannot be read as results (no file, or no line of it a
+  result), or None."""
+  if not os.path.isfile(path):
+    return f'no file {path}'
+  if not read(path)[0]:
+    return f'{path} holds no result (no line of it is a whole jaxbench result)'
+  return None
+
+
 def read(path: str) -> tuple[list[dict[str, Any]], str | None]:
   """All whole results in `path` (none if it does not exist) and the warning, if any: one line
   per line that is not a result (not JSON, not an object, a field the readers rely on missing
