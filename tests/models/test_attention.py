@@ -93,7 +93,7 @@ def test_attention_probs_is_a_config_key_of_the_attention_workloads():
     'bert_base': 'auto',
     'bert_squad': 'auto',
     'mt_dnn': 'auto',
-    'transformer_big': 'saved',
+    'transformer_big': 'auto',
   }
   for name, default in defaults.items():
     w = registry.get(name)
