@@ -100,12 +100,11 @@ def main(argv: list[str]) -> int:
   if not names or unknown:
     _fail(f'--models: unknown {", ".join(unknown)}; valid models: {", ".join(registry.names())}')
   target = sweep_flags.COMPILE_FOR.value
+  try:
+    deviceless.start(target)  # before JAX starts: the host runs on its CPU
+  except ValueError as e:
+    _fail(str(e))
   if target is not None:
-    try:
-      deviceless.check(target)
-    except ValueError as e:
-      _fail(str(e))
-    deviceless.prepare()  # before JAX starts: the host runs on its CPU
     from models.layers import rbg_init  # pylint: disable=g-import-not-at-top
 
     rbg_init.BUILD_PLATFORM = 'gpu'

@@ -102,12 +102,10 @@ def main(argv: list[str]) -> int:
     _fail(str(e))
   target = sweep_flags.COMPILE_FOR.value
   tiny = run_flags.TINY.value
-  if target is not None:
-    try:
-      deviceless.check(target)
-    except ValueError as e:
-      _fail(str(e))
-    deviceless.prepare()  # before JAX starts: the host runs on its CPU
+  try:
+    deviceless.start(target)  # before JAX starts: the host runs on its CPU
+  except ValueError as e:
+    _fail(str(e))
   try:
     backend.configure(None, remat=False)  # a run's XLA options: cuBLAS products, no remat
   except backend.BackendError as e:

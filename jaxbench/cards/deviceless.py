@@ -43,6 +43,14 @@ def prepare() -> None:
   jax.config.update('jax_platforms', 'cpu')
 
 
+def start(name: str | None) -> None:
+  """A benchmark's --compile_for before JAX starts: the target checked (a ValueError that lists
+  the known ones) and, if one is named, the host put on its CPU."""
+  if name is not None:
+    check(name)
+    prepare()
+
+
 def device(name: str) -> Any:
   """The described GPU as a JAX device to compile for (it runs nothing)."""
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
