@@ -104,13 +104,14 @@ def _computations(text: str) -> tuple[dict[str, list[str]], str | None]:
 
 
 def kernels(text: str) -> list[Kernel]:
-  """The kernels of an optimized HLO module's text (`compiled.as_text()`), in program order."""
+  """The kernels of an optimized HLO module's text (`compiled.as_text()`): the entry
+  computation's in order, then those of each computation it runs (loops, conditionals, calls)."""
   comps, entry = _computations(text)
   if entry is None:
     raise ValueError('no ENTRY computation in the HLO text')
-  out, seen, todo = [], set(), [entry]
-  while todo:
-    comp = todo.pop(0)
+  out, seen, pending = [], set(), [entry]  # computations whose instructions run as kernels
+  while pending:
+    comp = pending.pop(0)
     if comp in seen or comp not in comps:
       continue
     seen.add(comp)
@@ -123,7 +124,7 @@ def kernels(text: str) -> list[Kernel]:
       sizes[name] = array_bytes(shape)
       if opcode in ('while', 'conditional', 'call'):  # computations it runs as code of their own
         for one, many in _RUNS.findall(rest):
-          todo.extend([one] if one else [c.strip().lstrip('%') for c in many.split(',')])
+          pending.extend([one] if one else [c.strip().lstrip('%') for c in many.split(',')])
       if opcode in _NO_KERNEL:
         continue
       operands = re.findall(r'%([\w.\-]+)', rest.split(')', 1)[0])
