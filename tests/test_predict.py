@@ -1,5 +1,6 @@
 """Prediction arithmetic: the compile-only search under each card's cap, compiles shared."""
 
+import jax
 import pytest
 
 from jaxbench.cards import catalog, predict
@@ -77,3 +78,35 @@ def test_known_trials_stop_at_the_first_failure_and_at_the_cap():
   assert '0.000 GB > budget' in known[-1].detail
   # A fit beyond --max_examples is left to the cap.
   assert [t.examples for t in hints.forecast_trials(earlier, 500, 1, 15)] == [10]
+
+
+def test_each_compile_not_each_hit_releases_the_host_memory_errors_included(monkeypatch):
+  released = []
+  monkeypatch.setattr(predict.prog, 'release_host', lambda: released.append(1))
+  memo = predict.PeakMemo(FakeProgram(error_at=3))
+  memo.compile(1)
+  memo.compile(1)  # a hit: nothing compiled, nothing to release
+  with pytest.raises(RuntimeError, match='shape mismatch') as raised:
+    memo.compile(3)
+  assert raised.value.__context__ is None  # the compile's own error, traceback and all, is gone
+  assert memo.compiles == 2 and len(released) == 2
+
+
+def test_release_host_drops_jax_s_traced_programs():
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+
+  from jaxbench.core import program  # pylint: disable=g-import-not-at-top
+
+  traces = []
+
+  @jax.jit
+  def f(x):
+    traces.append(1)
+    return x + 1
+
+  x = jnp.ones(3)
+  f(x), f(x)
+  assert len(traces) == 1  # cached
+  program.release_host()
+  f(x)
+  assert len(traces) == 2  # traced again: the cache was dropped

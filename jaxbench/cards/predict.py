@@ -28,7 +28,8 @@ from models import workload as wl
 
 
 class PeakMemo:
-  """A Program whose compile is memoized by batch, executables dropped: peaks are all we need."""
+  """A Program whose compile is memoized by batch, executables dropped: peaks are all we need.
+  Each compile's leftovers in the host's memory go with it (program.release_host)."""
 
   def __init__(self, program: prog.Program):
     self.program, self.workload, self.cfg = program, program.workload, program.cfg
@@ -42,9 +43,11 @@ class PeakMemo:
         self._peaks[n] = dataclasses.replace(self.program.compile(n), executable=None)
       except Exception as e:  # pylint: disable=broad-except
         self._peaks[n] = RuntimeError(prog.first_line(e))  # no traceback: it pins buffers
-        prog.release()
-        raise self._peaks[n] from None
-      return self._peaks[n]
+      prog.release_host()  # out of the except clause, where nothing holds the error any more
+      fresh = self._peaks[n]
+      if isinstance(fresh, Exception):
+        raise fresh
+      return fresh
     hit = self._peaks[n]
     if isinstance(hit, Exception):
       raise hit

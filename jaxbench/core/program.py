@@ -1,6 +1,7 @@
 """A workload's train step compiled at one batch size, its memory forecast, and its run."""
 
 import copy
+import ctypes
 import dataclasses
 import functools
 import gc
@@ -305,6 +306,23 @@ def _interruptible(fn, *args):
 def release() -> None:
   """Drop what a finished or failed trial left on the device."""
   gc.collect()
+
+
+def release_host() -> None:
+  """Drop what a compile left in the host's memory, for a process that compiles many programs
+  and keeps none (a compile-only prediction): JAX's caches of traced, lowered and compiled
+  programs (each batch is a program of its own, not compiled twice here; the next compile traces
+  again, seconds against minutes), then the C library's free memory returned to the system.
+  Without it a compile-only search of unsupmt held 2.3 GB more after each compile (7.5 GB after
+  three) and a prediction for fourteen cards outgrew a 24 GB host; with it bert_base's held
+  1.18 GB after five compiles, against 1.73 GB with the heap trimmed alone."""
+  gc.collect()
+  jax.clear_caches()
+  try:
+    trim = ctypes.CDLL(None).malloc_trim  # glibc's; other C libraries return memory their way
+  except (OSError, AttributeError):
+    return
+  trim(0)
 
 
 def device_memory() -> dict[str, int] | None:
