@@ -45,9 +45,12 @@ def pytest_unconfigure(config):
 def no_collection_after_a_failed_trial(request, monkeypatch):
   """A failed trial ends in jaxbench.core.program.release(), a gc.collect(): a second or so in
   a test worker whose heap holds the compiled programs of earlier tests, and a FakeProgram holds
-  no arrays. For the search and prediction tests (their `pytestmark`); a test marked `releases`
-  (the one that checks what a failed trial leaves) keeps it."""
+  no arrays. A compile-only probe ends in release_host(), which also drops JAX's caches, and
+  with them the compiled programs of the worker's later tests. For the search and prediction
+  tests (their `pytestmark`); a test marked `releases` (one that checks what is released)
+  keeps both."""
   if 'releases' not in request.keywords:
     from jaxbench.core import program  # pylint: disable=g-import-not-at-top
 
     monkeypatch.setattr(program, 'release', lambda: None)
+    monkeypatch.setattr(program, 'release_host', lambda: None)

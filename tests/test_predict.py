@@ -92,6 +92,7 @@ def test_each_compile_not_each_hit_releases_the_host_memory_errors_included(monk
   assert memo.compiles == 2 and len(released) == 2
 
 
+@pytest.mark.releases
 def test_release_host_drops_jax_s_traced_programs():
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
