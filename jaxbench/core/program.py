@@ -315,8 +315,9 @@ def release_host() -> None:
   again, seconds against minutes), then the C library's free memory returned to the system.
   Without it a compile-only search of unsupmt held 2.3 GB more after each compile (7.5 GB after
   three) and a prediction for fourteen cards outgrew a 24 GB host; with it bert_base's held
-  1.18 GB after five compiles, against 1.73 GB with the heap trimmed alone."""
-  gc.collect()
+  1.18 GB after five compiles, against 1.73 GB with the heap trimmed (and two malloc arenas)
+  but the caches kept."""
+  release()
   jax.clear_caches()
   try:
     trim = ctypes.CDLL(None).malloc_trim  # glibc's; other C libraries return memory their way
