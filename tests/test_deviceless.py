@@ -124,6 +124,21 @@ def test_a_step_compiles_for_the_h200_without_one():
   assert info['deviceless'] and info['kind'] == 'NVIDIA H200' and info['platform'] == 'gpu'
 
 
+def test_auto_attention_compiled_for_a_gpu_is_the_fused_kernels():
+  """attention_probs='auto' under bf16 is chosen as the program is lowered: Triton kernels in one
+  compiled for the H200 from this CPU (XLA's attention in one compiled for the CPU: see
+  tests/models/test_fused_attention.py)."""
+  target = _cuda_target_or_skip()
+  w = registry.get('bert_base')
+
+  def triton_kernels(probs):
+    cfg = w.resolve(tiny=True, overrides={'attention_probs': probs})
+    on_gpu = prog.Program(w, cfg, precision.get('bf16'), target=target)
+    return on_gpu.compile(2).executable.as_text().count('__gpu$xla.gpu.triton')
+
+  assert triton_kernels('auto') == triton_kernels('fused') > 0 == triton_kernels('saved')
+
+
 def test_the_report_tells_deviceless_predictions_apart():
   from jaxbench.results import tables  # pylint: disable=g-import-not-at-top
 

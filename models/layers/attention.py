@@ -5,6 +5,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from models.layers import fused_attention
 
@@ -14,9 +15,10 @@ from models.layers import fused_attention
 # arrays again in the backward pass (XLA's kernels under jax.checkpoint); 'fused' computes the
 # attention in fused kernels that keep only the dropout mask, a byte a probability, and
 # recompute the rest in their backward pass, as PyTorch's scaled_dot_product_attention does
-# (fused_attention.py); 'auto' is 'fused' under a 16-bit compute dtype, where it is the faster
-# on an H200, and 'saved' under float32, where it is not (docs/performance.md). Same values,
-# same random bits.
+# (fused_attention.py); 'auto' is 'fused' under a 16-bit compute dtype in a program compiled
+# for a GPU, where it is the faster on an H200, and 'saved' under float32, where it is not
+# (docs/performance.md), and on a CPU, where the fused kernels run in Pallas' interpreter. Same
+# values, same random bits.
 PROBS = ('saved', 'recomputed', 'fused', 'auto')
 
 
@@ -59,10 +61,49 @@ def recomputed_attention(
   return jax.checkpoint(attend)(query, key, value, bias, mask, dropout_rng)
 
 
+def fused_on_gpu_attention(
+  query,
+  key,
+  value,
+  bias=None,
+  mask=None,
+  broadcast_dropout: bool = True,
+  dropout_rng=None,
+  dropout_rate: float = 0.0,
+  deterministic: bool = False,
+  dtype=None,
+  precision=None,
+  force_fp32_for_softmax: bool = False,
+):
+  """The fused kernels in a program compiled for a CUDA GPU (a deviceless compile for one
+  included), nn.dot_product_attention in one compiled for anything else. The choice is made when
+  the program is lowered for its platform: the compiled program holds one of the two, not a
+  conditional."""
+  kwargs = dict(
+    bias=bias,
+    mask=mask,
+    broadcast_dropout=broadcast_dropout,
+    dropout_rng=dropout_rng,
+    dropout_rate=dropout_rate,
+    deterministic=deterministic,
+    dtype=dtype,
+    precision=precision,
+    force_fp32_for_softmax=force_fp32_for_softmax,
+  )
+  return lax.platform_dependent(
+    query,
+    key,
+    value,
+    cuda=lambda q, k, v: fused_attention.dot_product_attention(q, k, v, **kwargs),
+    default=lambda q, k, v: nn.dot_product_attention(q, k, v, **kwargs),
+  )
+
+
 _ATTENTION_FN = {
   'saved': nn.dot_product_attention,
   'recomputed': recomputed_attention,
   'fused': fused_attention.dot_product_attention,
+  'fused on a GPU': fused_on_gpu_attention,
 }
 
 
@@ -72,7 +113,7 @@ def attention_fn(probs: str, dtype: Any = jnp.float32):
   if probs not in PROBS:
     raise ValueError(f'attention probs must be one of {", ".join(PROBS)}, got {probs!r}')
   if probs == 'auto':
-    probs = 'fused' if jnp.dtype(dtype).itemsize == 2 else 'saved'
+    probs = 'fused on a GPU' if jnp.dtype(dtype).itemsize == 2 else 'saved'
   return _ATTENTION_FN[probs]
 
 

@@ -154,10 +154,36 @@ def test_what_the_kernels_cannot_compute_is_refused(kwargs, message):
     fused_attention.dot_product_attention(q, q, q, **kwargs)
 
 
-@pytest.mark.parametrize('dtype, form', [(jnp.bfloat16, 'fused'), (jnp.float32, 'saved')])
-def test_auto_is_fused_under_16_bits_and_saved_under_float32(dtype, form):
+@pytest.mark.parametrize('dtype, form', [(jnp.bfloat16, 'fused on a GPU'), (jnp.float32, 'saved')])
+def test_auto_is_fused_on_a_gpu_under_16_bits_and_saved_under_float32(dtype, form):
   module = attention.multi_head(2, 0.1, True, dtype=dtype, probs='auto')
   assert module.attention_fn is attention._ATTENTION_FN[form]
+
+
+def _bf16_layer_step(probs):
+  """A bf16 attention layer's loss and gradients (dropout on), jitted for this machine's CPU,
+  and the text of the compiled program."""
+  module = attention.multi_head(2, 0.1, True, dtype=jnp.bfloat16, probs=probs)
+  x = jax.random.normal(jax.random.key(0), (2, 8, 16))
+  params = module.init({'params': jax.random.key(1)}, x, x)['params']
+
+  def loss(params, x):
+    y = module.apply({'params': params}, x, x, rngs={'dropout': jax.random.key(2)})
+    return jnp.sum(jnp.sin(y.astype(jnp.float32)))
+
+  step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+  return step(params, x), step.lower(params, x).compile().as_text()
+
+
+def test_auto_compiled_for_a_cpu_is_the_saved_attention_not_the_interpreted_kernels():
+  """Off a GPU the fused kernels would run in Pallas' interpreter (its grid as loops, slowly):
+  'auto' compiles there to XLA's attention, the same program and bits as 'saved'."""
+  auto, auto_text = _bf16_layer_step('auto')
+  saved, saved_text = _bf16_layer_step('saved')
+  _, fused_text = _bf16_layer_step('fused')
+  for a, b in zip(jax.tree.leaves(auto), jax.tree.leaves(saved)):
+    np.testing.assert_array_equal(a, b)
+  assert auto_text.count('while') == saved_text.count('while') < fused_text.count('while')
 
 
 def test_fused_layers_give_the_saved_ones_values_and_gradients():
