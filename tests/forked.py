@@ -5,7 +5,8 @@ refused command line takes on two CPU cores).
 
 For command lines that end before the backend starts, or soon after (bad input, --check,
 --list_models, --describe): the parent starts no backend, so each child starts its own as a
-fresh process would.
+fresh process would. A child ends as the interpreter does (threads joined, atexit functions run,
+streams flushed) but without tearing down its modules and heap.
 """
 
 import json
@@ -20,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMPORTS = ('jax', 'flax', 'optax', 'models.registry', 'jaxbench.main')
 
 _PARENT = r"""
-import json, os, runpy, sys
+import atexit, json, os, runpy, sys, threading
 spec = json.loads(sys.stdin.read())
 for name in spec['imports']:
   __import__(name)
@@ -36,8 +37,21 @@ for i, argv in enumerate(spec['runs']):
       os.dup2(f, fd)
       os.close(f)
     sys.argv = [spec['module'], *argv]
-    runpy.run_module(spec['module'], run_name='__main__', alter_sys=True)
-    sys.exit(0)
+    try:
+      runpy.run_module(spec['module'], run_name='__main__', alter_sys=True)
+      code = 0
+    except SystemExit as e:  # its status as the interpreter would make it; other errors end it
+      code = e.code if isinstance(e.code, int) else int(e.code is not None)
+      if code and not isinstance(e.code, int):
+        print(e.code, file=sys.stderr)
+    # The interpreter's own exit, less the teardown of its modules and heap: the threads joined,
+    # the atexit functions run, the streams flushed (the teardown took a second or two a child
+    # with torch and JAX imported).
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
   codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 print(json.dumps(codes))
 """
