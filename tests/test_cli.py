@@ -40,12 +40,13 @@ TINY_FIXED_BATCH = (
 )
 
 
-def started(*args):
-  """A tiny jaxbench run in the background, its stderr (the progress) a line-buffered text pipe."""
+def started(*args, env=None):
+  """A tiny jaxbench run in the background, its stderr (the progress) a line-buffered text pipe;
+  `env` adds to the environment."""
   return subprocess.Popen(
     [sys.executable, '-m', 'jaxbench.main', '--tiny', '--steps=1', '--windows=1', *args],
     cwd=ROOT,
-    env={**os.environ, 'JAX_PLATFORMS': 'cpu'},
+    env={**os.environ, 'JAX_PLATFORMS': 'cpu', **(env or {})},
     stdout=subprocess.DEVNULL,
     stderr=subprocess.PIPE,
     text=True,
@@ -387,6 +388,9 @@ def test_a_prediction_stopped_in_a_compile_keeps_its_probes(tmp_path, sig):
     '--max_examples=64',
     f'--output={out}',
     f'--progress_file={progress}',
+    # A cache of its own: with the tests' shared one, other tests' runs may have compiled every
+    # probe already, and the prediction end before the signal comes.
+    env={'JAX_COMPILATION_CACHE_DIR': str(tmp_path / 'cache')},
   )
   try:
     for line in proc.stderr:
