@@ -27,8 +27,8 @@ GPUS = flags.DEFINE_list(
 PRECISIONS = flags.DEFINE_list(
   'precisions',
   [],
-  'Precisions to sweep, comma-separated (e.g. fp32,bf16). Default: each workload\'s precision '
-  'in the 2020 benchmark.',
+  'Precisions, comma-separated (e.g. fp32,bf16): a sweep\'s, or a benchmark\'s. Default: each '
+  'workload\'s precision in the 2020 benchmark (the benchmarks: as their --help says).',
 )
 flags.register_validator(
   PRECISIONS,

@@ -5,12 +5,12 @@ against (its model FLOP utilization; docs/performance.md, "bf16 at the max batch
     python -m jaxbench.matmul_benchmark --precisions=tf32,bf16,fp16
     python -m jaxbench.matmul_benchmark --size=256 --products=4   # a quick check on a CPU
 
-For each precision: --products jitted products of --size square matrices, rotating through --pairs
-pairs of random matrices, queued and timed on the host to the last one's end, --repeats times after
-one untimed product per pair. A row gives the median rate in TFLOP/s (2 x size^3 a product) with
-the lowest and highest round, and the compile. fp32 forbids TF32 (full float32 products), tf32
-allows it, bf16 and fp16 multiply in their own dtype, as the workloads' precision policies do. A
-benchmark, not a test: a slow GPU fails nothing.
+--precisions defaults to bf16. For each precision: --products jitted products of --size square
+matrices, rotating through --pairs pairs of random matrices, queued and timed on the host to the
+last one's end, --repeats times after one untimed product per pair. A row gives the median rate in
+TFLOP/s (2 x size^3 a product) with the lowest and highest round, and the compile. fp32 forbids TF32
+(full float32 products), tf32 allows it, bf16 and fp16 multiply in their own dtype, as the
+workloads' precision policies do. A benchmark, not a test: a slow GPU fails nothing.
 """
 
 import functools
