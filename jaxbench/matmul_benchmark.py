@@ -7,13 +7,15 @@ against (its model FLOP utilization; docs/performance.md, "bf16 at the max batch
 
 --precisions defaults to bf16. For each precision: --products jitted products of --size square
 matrices, rotating through --pairs pairs of random matrices, queued and timed on the host to the
-last one's end, --repeats times after one untimed product per pair. A row gives the median rate in
-TFLOP/s (2 x size^3 a product) with the lowest and highest round, and the compile. fp32 forbids TF32
-(full float32 products), tf32 allows it, bf16 and fp16 multiply in their own dtype, as the
-workloads' precision policies do. A benchmark, not a test: a slow GPU fails nothing.
+last one's end (jaxbench/core/timing.py, as a run's steps), --repeats times after one untimed
+product per pair. A row gives the median rate in TFLOP/s (2 x size^3 a product) with the lowest and
+highest round, and the compile. fp32 forbids TF32 (full float32 products), tf32 allows it, bf16 and
+fp16 multiply in their own dtype, as the workloads' precision policies do. A benchmark, not a test:
+a slow GPU fails nothing.
 """
 
 import functools
+import itertools
 import statistics
 import time
 
@@ -43,6 +45,7 @@ def rates(precision_name: str, size: int, products: int, pairs: int, repeats: in
   """The rounds' rates in TFLOP/s and the compile's seconds of one precision's product."""
   import jax  # pylint: disable=g-import-not-at-top
 
+  from jaxbench.core import timing  # pylint: disable=g-import-not-at-top
   from models import precision  # pylint: disable=g-import-not-at-top
 
   policy = precision.get(precision_name)
@@ -51,17 +54,15 @@ def rates(precision_name: str, size: int, products: int, pairs: int, repeats: in
   start = time.perf_counter()
   compiled = lower(policy, operands[0], operands[1]).compile()
   compile_s = time.perf_counter() - start
-  for i in range(pairs):  # untimed: each pair's first product
-    compiled(operands[2 * i], operands[2 * i + 1]).block_until_ready()
-  out = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    for i in range(products):
-      j = i % pairs
-      last = compiled(operands[2 * j], operands[2 * j + 1])
-    last.block_until_ready()
-    out.append(products * 2 * size**3 / (time.perf_counter() - start) / 1e12)
-  return {'rates': out, 'compile_s': compile_s}
+  pair = itertools.cycle(range(pairs))
+
+  def product():
+    j = next(pair)
+    return compiled(operands[2 * j], operands[2 * j + 1])
+
+  # Each pair's first product untimed, then --repeats windows of --products, as a run's steps.
+  seconds, _, _ = timing.windows(product, jax.block_until_ready, pairs, products, repeats)
+  return {'rates': [2 * size**3 / s / 1e12 for s in seconds], 'compile_s': compile_s}
 
 
 def _rate(tflops: float) -> str:
