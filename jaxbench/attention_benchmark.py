@@ -1,7 +1,8 @@
 """A benchmark of the BERT family's attention: each form of `attention_probs` (XLA's kernels with
 the probabilities saved or recomputed, the fused kernels of models/layers/fused_attention.py at
-their default tiling and at others), forward and backward with dropout, timed in turn in one
-process.
+their default tiling and at others; at the default tiling with each of their two dropout draws,
+'fused, bernoulli', a hash per decision, and 'fused, grouped', four decisions a hash), forward and
+backward with dropout, timed in turn in one process.
 
     python -m jaxbench.attention_benchmark        # bert_base, bert_squad, mt_dnn; tf32 and bf16
     python -m jaxbench.attention_benchmark --models=bert_squad --precisions=bf16 \\
@@ -16,10 +17,11 @@ cotangent) with respect to the queries, keys and values: the layer's forward and
 without the projections around them. A row gives the median of --windows windows of calls after
 --warmup_steps untimed ones, their spread, the compile, the speed relative to the saved form in the
 same process (a ratio, which a shared machine measures better than an absolute time), and how far
-its gradients are from the saved form's (the forms draw the same dropout, so they differ by rounding
-only: a fast tiling that computes something else shows here). A tiling's blocks are cut to the
-sequence where longer. A benchmark, not a test: a slow form fails nothing; a tiling the GPU cannot
-hold gets a row that says why.
+its gradients are from those of the same dropout decisions in XLA's kernels (the saved form's, or
+for four decisions a hash fused_attention.reference_attention's), which differ by rounding only: a
+fast tiling that computes something else shows here. A tiling's blocks are cut to the sequence where
+longer. A benchmark, not a test: a slow form fails nothing; a tiling the GPU cannot hold gets a row
+that says why.
 """
 
 import functools
@@ -74,9 +76,24 @@ def shape(name: str, tiny: bool) -> tuple[int, int, int, int, float]:
   return batch, cfg['seq_len'], heads, cfg['hidden'] // heads, cfg['dropout']
 
 
+# The fused kernels with each dropout draw (decisions per threefry hash); 'fused': the default's.
+DRAWS = {'fused, bernoulli': 1, 'fused, grouped': 4}
+REFERENCE = 'reference'  # fused_attention.reference_attention: not timed, the fused rows' check
+
+
 def forms(tilings: list[dict]) -> list[tuple[str, dict | None]]:
   """(form, tiling) in the order timed: saved first, the baseline of each ratio."""
-  return [('saved', None), ('recomputed', None), ('fused', None)] + [('fused', t) for t in tilings]
+  fused = [(form, None) for form in DRAWS] + [('fused', t) for t in tilings]
+  return [('saved', None), ('recomputed', None)] + fused
+
+
+def per_hash(form: str) -> int | None:
+  """The dropout decisions per hash of a fused form; None for XLA's forms."""
+  from models.layers import fused_attention  # pylint: disable=g-import-not-at-top
+
+  if form == 'fused':
+    return fused_attention.DECISIONS_PER_HASH
+  return DRAWS.get(form)
 
 
 def gradient(form: str, tiling: dict | None, dims: tuple, dtype, matmul_precision: str):
@@ -86,10 +103,21 @@ def gradient(form: str, tiling: dict | None, dims: tuple, dtype, matmul_precisio
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-  from models.layers import attention  # pylint: disable=g-import-not-at-top
+  from models.layers import attention, fused_attention  # pylint: disable=g-import-not-at-top
 
   batch, length, heads, d, rate = dims
-  attend = attention.attention_fn(form)
+  if form == REFERENCE:
+
+    def attend(q, k, v, broadcast_dropout, **kwargs):  # a decision per sequence and head
+      del broadcast_dropout
+      return fused_attention.reference_attention(q, k, v, **kwargs, decisions_per_hash=4)
+
+  elif form in DRAWS:
+    attend = functools.partial(
+      fused_attention.dot_product_attention, decisions_per_hash=DRAWS[form]
+    )
+  else:
+    attend = attention.attention_fn(form)
   if tiling is not None:
     attend = functools.partial(attend, blocks=tiling)
   valid = jnp.ones((batch, length), bool)  # as BertEncoder's mask: no padding in the batch
@@ -127,7 +155,7 @@ def timed(compiled, args, warmup: int, steps: int, windows: int) -> tuple[list[f
 
 def difference(grads, reference) -> float:
   """The largest difference of any of the gradients from the reference's, relative to the
-  reference's largest magnitude: the forms draw the same dropout, so they differ by rounding."""
+  reference's largest magnitude: with the same dropout decisions they differ by rounding."""
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   worst = 0.0
@@ -138,7 +166,7 @@ def difference(grads, reference) -> float:
 
 
 def _tiling_text(form: str, tiling: dict | None, dims: tuple, policy) -> str:
-  if form != 'fused':
+  if per_hash(form) is None:
     return ''
   from models.layers import fused_attention  # pylint: disable=g-import-not-at-top
 
@@ -157,7 +185,7 @@ def rows(names, precisions, tilings, tiny, warmup, steps, windows) -> list[tuple
     dims = shape(name, tiny)
     for precision_name in precisions:
       policy = precision.get(precision_name)
-      baseline = reference = None
+      baseline = reference = grouped = None
       for form, tiling in forms(tilings):
         head = (name, precision_name, ' x '.join(map(str, dims[:4])), form)
         head += (_tiling_text(form, tiling, dims, policy),)
@@ -173,9 +201,13 @@ def rows(names, precisions, tilings, tiny, warmup, steps, windows) -> list[tuple
         median = statistics.median(times)
         if baseline is None:
           baseline, reference = median, grads
+        if per_hash(form) == 4 and grouped is None:  # the same decisions in XLA's kernels
+          check = gradient(REFERENCE, None, dims, policy.compute_dtype, policy.matmul_precision)
+          grouped = check[0](*args)
         spread = 100.0 * (max(times) - min(times)) / median
         ms = f'{median * 1e3:.3f}' + ('' if form == 'saved' else f' ({baseline / median:.2f}x)')
-        differs = '' if form == 'saved' else f'{difference(grads, reference):.1e}'
+        same_bits = grouped if per_hash(form) == 4 else reference
+        differs = '' if form == 'saved' else f'{difference(grads, same_bits):.1e}'
         out.append(head + (ms, f'{spread:.1f}%', f'{compile_s:.1f}', differs))
   return out
 

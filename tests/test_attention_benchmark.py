@@ -1,5 +1,6 @@
 """python -m jaxbench.attention_benchmark: every form of the BERT family's attention timed on the
-same inputs, checked against the saved form's gradients, and bad input refused in one line."""
+same inputs, checked against the gradients of the same dropout decisions in XLA's kernels, and bad
+input refused in one line."""
 
 import subprocess
 import sys
@@ -21,12 +22,13 @@ def test_full_size_shapes_are_the_comparison_batches():
   assert bench.shape('mt_dnn', tiny=False) == (8, 512, 16, 64, 0.1)
 
 
-def test_every_form_is_timed_and_computes_the_saved_forms_gradients():
+def test_every_form_is_timed_and_computes_the_gradients_of_its_dropout_decisions():
   table = bench.rows(['bert_base'], ['fp32'], [TILING], True, warmup=1, steps=2, windows=2)
   assert [r[3:5] for r in table] == [
     ('saved', ''),
     ('recomputed', ''),
-    ('fused', '32,32,32,4,4,2 (default)'),  # full float32's tiles
+    ('fused, bernoulli', '32,32,32,4,4,2 (default)'),  # full float32's tiles
+    ('fused, grouped', '32,32,32,4,4,2 (default)'),
     ('fused', '16,16,16,2,2,1'),
   ]
   saved, *others = table
@@ -35,6 +37,20 @@ def test_every_form_is_timed_and_computes_the_saved_forms_gradients():
     ms, ratio = row[5].split()
     assert float(ms) > 0 and ratio.startswith('(') and ratio.endswith('x)')
     assert float(row[8]) < 1e-5, row  # the same dropout, so the same gradients up to rounding
+
+
+def test_the_grouped_draw_is_checked_against_its_own_decisions_not_flaxs():
+  """Four decisions a hash are not jax.random.bernoulli's: the grouped row's check is against
+  reference_attention, which draws them, and the saved form's gradients are far from them."""
+  dims = bench.shape('bert_base', tiny=True)
+
+  def grads(form):
+    compiled, args, _ = bench.gradient(form, None, dims, 'float32', 'float32')
+    return compiled(*args)
+
+  fused = grads('fused, grouped')
+  assert bench.difference(fused, grads(bench.REFERENCE)) < 1e-5
+  assert bench.difference(fused, grads('saved')) > 1e-2
 
 
 def test_a_tiling_that_fails_gets_a_row_that_says_why(monkeypatch):
@@ -47,8 +63,8 @@ def test_a_tiling_that_fails_gets_a_row_that_says_why(monkeypatch):
 
   monkeypatch.setattr(bench, 'gradient', no_room)
   table = bench.rows(['bert_base'], ['fp32'], [TILING], True, warmup=0, steps=1, windows=1)
-  assert len(table) == 4 and all(len(r) == 9 for r in table[:3])
-  assert table[3][5:] == (
+  assert len(table) == 5 and all(len(r) == 9 for r in table[:4])
+  assert table[4][5:] == (
     'failed: RuntimeError: Shared memory size limit exceeded: 262144 > 232448',
   )
 

@@ -17,8 +17,9 @@ from models.layers import fused_attention
 # recompute the rest in their backward pass, as PyTorch's scaled_dot_product_attention does
 # (fused_attention.py); 'auto' is 'fused' under a 16-bit compute dtype in a program compiled
 # for a GPU, where it is the faster on an H200, and 'saved' under float32, where it is not
-# (docs/performance.md), and on a CPU, where the fused kernels run in Pallas' interpreter. Same
-# values, same random bits.
+# (docs/performance.md), and on a CPU, where the fused kernels run in Pallas' interpreter.
+# 'saved' and 'recomputed' give the same values from the same random bits (jax.random.bernoulli's),
+# and so do the fused kernels with their default draw (fused_attention.DECISIONS_PER_HASH).
 PROBS = ('saved', 'recomputed', 'fused', 'auto')
 
 

@@ -8,11 +8,18 @@ decisions in the kernel and writes only the output, the rows' log-sum-exp and th
 byte per probability); two backward kernels compute dK, dV and dQ from them, recomputing the
 probabilities. The [B, L, H, D] layout of Flax's projections is read and written as it is.
 
-The dropout decisions are jax.random.bernoulli's for the same key on the [B, H, Lq, Lk] shape
-(threefry2x32 on each element's flat index, as JAX's partitionable threefry draws them), so the
-values and gradients are those of flax.linen.dot_product_attention with broadcast_dropout=False
-(tests/models/test_fused_attention.py), up to the order of the floating-point sums. The softmax
-runs in float32 under every precision (Flax's runs in the compute dtype).
+The dropout decisions come from jax.random's threefry2x32 under the layer's key, one decision per
+probability and independent across sequences and heads, drawn one of two ways
+(`decisions_per_hash`). With 1, the default (DECISIONS_PER_HASH), they are jax.random.bernoulli's
+on the [B, H, Lq, Lk] shape (threefry2x32 of each element's flat index), so the values and
+gradients are those of flax.linen.dot_product_attention with broadcast_dropout=False. With 4, each
+hash of a counter (a row's group of four keys, numbered across [B, H, Lq]) gives four decisions
+of 16 bits (threefry_bits.keep_mask_grouped): a quarter of the hash's arithmetic, which the
+forward kernel does for every probability where its products are a few per tile; the probability
+of keeping is then the nearest multiple of 2**-16 to 1 - rate (0.89999390 for BERT's 0.1), and
+the kept values are scaled by its inverse. `reference_attention` computes either draw's values in
+XLA's operations (tests/models/test_fused_attention.py), up to the order of the floating-point
+sums. The softmax runs in float32 under every precision (Flax's runs in the compute dtype).
 
 The kernels are in fused_attention_kernels; here they are gridded over (batch, head, block),
 padded to their tiles and differentiated (a custom VJP). On a GPU they are compiled by XLA's
@@ -26,11 +33,13 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from models.layers import fused_attention_kernels as kernels
+from models.layers import threefry_bits
 from models.layers.fused_attention_kernels import Spec
 
 
@@ -52,6 +61,10 @@ def default_blocks(dtype, k_len: int, tf32: bool = True) -> dict:
   return dict(block_q=128, block_k=64, block_bwd=64, warps=8, warps_bwd=4, stages=2)
 
 
+# The kernels' dropout decisions per threefry hash when not given: jax.random.bernoulli's.
+DECISIONS_PER_HASH = 1
+
+
 def _round_up(n: int, m: int) -> int:
   return -(-n // m) * m
 
@@ -61,8 +74,10 @@ def _block(n: int, cap: int) -> int:
 
 
 def _bases(batch: int, spec: Spec):
-  """Each (batch, head)'s first flat index in [B, H, Lq, Lk], as uint32 (hi, lo) [B, H]."""
-  first = np.arange(batch * spec.heads, dtype=np.uint64) * np.uint64(spec.q_len * spec.k_len)
+  """Each (batch, head)'s first hash counter (with one decision per hash, its first flat index
+  in [B, H, Lq, Lk]), as uint32 (hi, lo) [B, H]."""
+  rows = np.arange(batch * spec.heads, dtype=np.uint64) * np.uint64(spec.q_len)
+  first = rows * np.uint64(spec.row_counters)
   hi = (first >> np.uint64(32)).astype(np.uint32).reshape(batch, spec.heads)
   lo = (first & np.uint64(0xFFFFFFFF)).astype(np.uint32).reshape(batch, spec.heads)
   return jnp.asarray(hi), jnp.asarray(lo)
@@ -248,6 +263,35 @@ def _pad(x, axis, to):
   return jnp.pad(x, widths)
 
 
+def _keep(rate: float, per_hash: int) -> float:
+  """The probability of keeping a probability that the kernels draw with."""
+  return 1.0 - rate if per_hash == 1 else threefry_bits.grouped_keep(1.0 - rate)
+
+
+def reference_attention(
+  query,
+  key,
+  value,
+  mask=None,
+  dropout_rng=None,
+  dropout_rate: float = 0.0,
+  deterministic: bool = False,
+  decisions_per_hash: int | None = None,
+):
+  """The values dot_product_attention's kernels compute, in XLA's operations: Flax's attention
+  weights, dropped by the kernels' decisions for the same key (threefry_bits.keep_mask_array)
+  and scaled as Flax scales them, times the values. A reference for tests and benchmarks: it
+  writes every [B, H, Lq, Lk] array."""
+  if decisions_per_hash is None:
+    decisions_per_hash = DECISIONS_PER_HASH
+  weights = nn.dot_product_attention_weights(query, key, mask=mask, deterministic=True)
+  if not deterministic and dropout_rate > 0.0:
+    keep = _keep(dropout_rate, decisions_per_hash)
+    kept = threefry_bits.keep_mask_array(dropout_rng, weights.shape, keep, decisions_per_hash)
+    weights = weights * (kept.astype(weights.dtype) / jnp.asarray(keep, weights.dtype))
+  return jnp.einsum('...hqk,...khd->...qhd', weights, value)
+
+
 def dot_product_attention(
   query,
   key,
@@ -262,12 +306,14 @@ def dot_product_attention(
   precision=None,
   force_fp32_for_softmax: bool = False,
   blocks: dict | None = None,
+  decisions_per_hash: int | None = None,
 ):
-  """flax.linen.dot_product_attention's signature and values, in fused kernels.
+  """flax.linen.dot_product_attention's signature, in fused kernels.
 
   query [B, Lq, H, D], key and value [B, Lk, H, D]; mask broadcastable to [B, 1 or H, Lq, Lk]
   (True or nonzero: attend). Dropout draws one decision per batch, head and probability
-  (broadcast_dropout=False); the attention bias is not supported. The parameters are named for
+  (broadcast_dropout=False), decisions_per_hash of them per threefry hash (the module's docstring;
+  None: DECISIONS_PER_HASH); the attention bias is not supported. The parameters are named for
   Flax's MultiHeadDotProductAttention, which passes an attention_fn only the ones it names."""
   del dtype, precision, force_fp32_for_softmax  # the kernels' products and softmax: see Spec
   if bias is not None:
@@ -277,6 +323,10 @@ def dot_product_attention(
     raise ValueError('fused attention draws dropout per batch and head (broadcast_dropout=False)')
   if dropout and str(jax.random.key_impl(dropout_rng)) != 'threefry2x32':
     raise ValueError('fused attention draws its dropout as the threefry2x32 PRNG does')
+  if decisions_per_hash is None:
+    decisions_per_hash = DECISIONS_PER_HASH
+  if decisions_per_hash not in (1, threefry_bits.GROUP):
+    raise ValueError(f'decisions_per_hash must be 1 or {threefry_bits.GROUP}')
   batch, lq, heads, d = query.shape
   lk = key.shape[1]
   if mask is None:
@@ -292,7 +342,7 @@ def dot_product_attention(
     heads=heads,
     q_len=lq,
     k_len=lk,
-    keep=1.0 - dropout_rate if dropout else 1.0,
+    keep=_keep(dropout_rate, decisions_per_hash) if dropout else 1.0,
     scale=1.0 / math.sqrt(d),
     tf32=tf32,
     block_q=bq,
@@ -301,6 +351,7 @@ def dot_product_attention(
     warps=blocks['warps'],
     warps_bwd=blocks['warps_bwd'],
     stages=blocks['stages'],
+    per_hash=decisions_per_hash,
   )
   q = _pad(_pad(query, 1, lq_p), 3, d_p)
   k = _pad(_pad(key, 1, lk_p), 3, d_p)

@@ -24,7 +24,7 @@ class Spec:
   heads: int
   q_len: int  # before padding to a block
   k_len: int
-  keep: float  # 1 - dropout rate; 1.0: no dropout
+  keep: float  # the probability of keeping; 1.0: no dropout
   scale: float
   tf32: bool  # float32 products on TF32 tensor cores (tf32) or in full precision (fp32)
   block_q: int
@@ -33,10 +33,18 @@ class Spec:
   warps: int  # forward kernel
   warps_bwd: int
   stages: int
+  # Dropout decisions per threefry hash: 1, jax.random.bernoulli's; 4, 16 bits each
+  # (threefry_bits.keep_mask_grouped; keep is then threefry_bits.grouped_keep's).
+  per_hash: int = 1
 
   @property
   def dropout(self) -> bool:
     return self.keep < 1.0
+
+  @property
+  def row_counters(self) -> int:
+    """The hash counters of one row of keys: one per decision or one per group of per_hash."""
+    return -(-self.k_len // self.per_hash)
 
   def one_key_block(self, k_len_padded: int) -> bool:
     """Whether the backward pass's key block holds every key: then one kernel computes dQ too,
@@ -45,8 +53,9 @@ class Spec:
 
 
 def counters(spec: Spec, base_hi, base_lo, rows, cols):
-  """The flat index in [B, H, Lq, Lk] of each (row, col) of one (batch, head): (hi, lo)."""
-  offset = (rows[:, None] * spec.k_len + cols[None, :]).astype(jnp.uint32)
+  """The hash counter of each (row, col) of one (batch, head), cols numbering the row's counters:
+  with one decision per hash, the flat index in [B, H, Lq, Lk]; (hi, lo)."""
+  offset = (rows[:, None] * spec.row_counters + cols[None, :]).astype(jnp.uint32)
   lo = base_lo + offset
   hi = base_hi + (lo < offset).astype(jnp.uint32)
   return hi, lo
@@ -56,6 +65,17 @@ def _dot(a, b, spec: Spec, trans_b=False, trans_a=False):
   if a.dtype == jnp.float32:
     return pltriton.dot(a, b, trans_a=trans_a, trans_b=trans_b, allow_tf32=spec.tf32)
   return pltriton.dot(a, b, trans_a=trans_a, trans_b=trans_b)
+
+
+def keep_tile(spec: Spec, k0, k1, base_hi, base_lo, rows, k_start, width):
+  """The dropout decisions of the rows' keys k_start to k_start + width (a multiple of per_hash,
+  as k_start is)."""
+  if spec.per_hash == 1:
+    hi, lo = counters(spec, base_hi, base_lo, rows, k_start + jnp.arange(width))
+    return threefry_bits.keep_mask(k0, k1, hi, lo, spec.keep)
+  groups = k_start // spec.per_hash + jnp.arange(width // spec.per_hash)
+  hi, lo = counters(spec, base_hi, base_lo, rows, groups)
+  return threefry_bits.keep_mask_grouped(k0, k1, hi, lo, spec.keep)
 
 
 def _scores(spec: Spec, q, k, mask, q_start, k_start):
@@ -87,8 +107,7 @@ def forward_kernel(spec: Spec, *refs):
     correction = jnp.exp(m - m_new)
     row_sum = row_sum * correction + p.sum(axis=1)
     if spec.dropout:
-      hi, lo = counters(spec, hi_ref[0], lo_ref[0], rows, k_start + jnp.arange(bk))
-      kept = threefry_bits.keep_mask(seed_ref[0], seed_ref[1], hi, lo, spec.keep)
+      kept = keep_tile(spec, seed_ref[0], seed_ref[1], hi_ref[0], lo_ref[0], rows, k_start, bk)
       keep_ref[:, cols] = kept.astype(jnp.int8)
       p = jnp.where(kept, p, 0.0)
     v = v_ref[cols, :]

@@ -1,16 +1,26 @@
-"""jax.random's bits computed where JAX's own draw cannot run: inside a kernel, one element at a
-time (models/layers/fused_attention.py draws its dropout decisions so).
+"""Random bits of jax.random's threefry generator computed where JAX's own draw cannot run:
+inside a kernel, one element or one group of elements at a time (models/layers/fused_attention.py
+draws its dropout decisions so).
 
 Threefry-2x32 (Salmon et al. 2011, 20 rounds) is the hash under jax.random's default generator:
 with partitionable threefry, an element's bits are the hash of its flat index under the key, so
-any element can be drawn alone, in any order, and agree with a draw of the whole array.
+any element can be drawn alone, in any order, and agree with a draw of the whole array
+(`keep_mask`: jax.random.bernoulli's decisions, one hash each). A hash gives 64 bits and costs
+about 80 integer instructions; `keep_mask_grouped` makes four decisions of one, 16 bits each, at
+about a quarter of the arithmetic: the probability of keeping is then a multiple of 2**-16
+(`grouped_keep`), which the caller scales by, so the dropout stays unbiased.
 """
 
+import math
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+GROUP = 4  # the decisions keep_mask_grouped makes of one hash
+_LEVELS = 2**16  # a grouped decision's bits
 
 
 def _rotl(x, d):
@@ -36,3 +46,41 @@ def keep_mask(k0, k1, hi, lo, keep: float):
   bits = x0 ^ x1
   uniform = lax.bitcast_convert_type((bits >> np.uint32(9)) | np.uint32(0x3F800000), jnp.float32)
   return uniform - 1.0 < np.float32(keep)
+
+
+def grouped_keep(keep: float) -> float:
+  """The probability keep_mask_grouped keeps with when asked for `keep`: the nearest multiple
+  of 2**-16 (0.9 -> 58,982 / 65,536 = 0.89999390), exact in float32."""
+  return min(max(round(keep * _LEVELS), 0), _LEVELS) / _LEVELS
+
+
+def keep_mask_grouped(k0, k1, hi, lo, keep: float):
+  """Four keep decisions per counter: counters [..., G] give decisions [..., 4 G], those of
+  counter g at 4 g to 4 g + 3 from the hash's 16-bit quarters (x0's low and high half, then
+  x1's). `keep` must be grouped_keep's; a decision keeps when its 16 bits are below keep * 2**16.
+  The quarters are interleaved by stacking on a last axis and merging it, which Triton lowers to
+  its join and reshape."""
+  if grouped_keep(keep) != keep:
+    raise ValueError(f'keep {keep} is not a multiple of 2**-16 (grouped_keep)')
+  x0, x1 = threefry2x32(k0, k1, hi, lo)
+  low = np.uint32(0xFFFF)
+  evens = jnp.stack([x0 & low, x1 & low], axis=-1)  # quarters 0 and 2
+  odds = jnp.stack([x0 >> np.uint32(16), x1 >> np.uint32(16)], axis=-1)  # quarters 1 and 3
+  words = jnp.stack([evens, odds], axis=-1).reshape(*x0.shape[:-1], GROUP * x0.shape[-1])
+  return words < np.uint32(round(keep * _LEVELS))
+
+
+def keep_mask_array(key, shape: tuple[int, ...], keep: float, per_hash: int):
+  """The decisions of a whole [..., L] array as the kernels draw them: per_hash 1, one hash per
+  element of the flat index (jax.random.bernoulli(key, keep, shape)); per_hash 4 (GROUP),
+  keep_mask_grouped on each row's counters, ceil(L / 4) a row, numbered across rows."""
+  if per_hash not in (1, GROUP):
+    raise ValueError(f'decisions per hash must be 1 or {GROUP}, got {per_hash}')
+  k0, k1 = jax.random.key_data(key).astype(jnp.uint32)
+  *lead, length = shape
+  rows, width = math.prod(lead), -(-length // per_hash)
+  flat = np.arange(rows * width, dtype=np.uint64).reshape(rows, width)
+  hi = jnp.asarray((flat >> np.uint64(32)).astype(np.uint32))
+  lo = jnp.asarray((flat & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+  draw = keep_mask if per_hash == 1 else keep_mask_grouped
+  return draw(k0, k1, hi, lo, keep)[:, :length].reshape(shape)

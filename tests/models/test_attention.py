@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
 
 from models.layers import attention
 
@@ -46,9 +47,16 @@ def test_dropout_masks_differ_across_sequences_and_heads():
 
 
 def _layers_loss(probs, length=LENGTH, layers=2):
-  """A loss over attention layers in training (dropout on), as a function of (params, x)."""
+  """A loss over attention layers in training (dropout on), as a function of (params, x); probs
+  is one of attention.PROBS or an attention function of Flax's signature."""
   width = HEADS * HEAD_DIM
-  module = attention.multi_head(HEADS, 0.3, True, probs=probs)
+  if callable(probs):
+    module = nn.MultiHeadDotProductAttention(
+      num_heads=HEADS, dropout_rate=0.3, broadcast_dropout=False, deterministic=False,
+      attention_fn=probs,
+    )  # fmt: skip
+  else:
+    module = attention.multi_head(HEADS, 0.3, True, probs=probs)
   x = jax.random.normal(jax.random.key(0), (BATCH, length, width))
   params = module.init({'params': jax.random.key(1)}, x, x)['params']
   mask = jnp.tril(jnp.ones((BATCH, 1, length, length), bool))

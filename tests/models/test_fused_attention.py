@@ -1,10 +1,12 @@
 """The fused attention kernels against Flax's dot_product_attention (Pallas' interpreter on a CPU).
 
-The kernels promise Flax's values and gradients with broadcast_dropout=False for the same key:
-the same dropout decisions, drawn in the kernel. The shapes are chosen to reach every path: a
-length that is not a multiple of the tile (padded queries and keys), several key tiles (the
-separate dQ kernel) and one (dQ in the dK/dV kernel), a mask per head and one for all heads, a
-row with every key masked, keys longer than queries.
+With one dropout decision per hash the kernels promise Flax's values and gradients with
+broadcast_dropout=False for the same key: the same decisions, drawn in the kernel. With four
+(the default) they promise reference_attention's: Flax's weights dropped by
+threefry_bits.keep_mask_grouped's decisions. The shapes are chosen to reach every path: a length
+that is not a multiple of the tile (padded queries and keys) nor of the group, several key tiles
+(the separate dQ kernel) and one (dQ in the dK/dV kernel), a mask per head and one for all
+heads, a row with every key masked, keys longer than queries.
 """
 
 import jax
@@ -61,6 +63,48 @@ def test_keep_mask_is_jax_random_bernoulli_on_the_flat_index():
   assert 0 < int(want.sum()) < want.size
 
 
+def test_keep_mask_array_with_a_hash_per_decision_is_jax_random_bernoulli():
+  key = jax.random.key(4)
+  shape = (2, 3, 5, 7)
+  want = jax.random.bernoulli(key, 0.8, shape)
+  np.testing.assert_array_equal(threefry_bits.keep_mask_array(key, shape, 0.8, 1), want)
+
+
+def test_grouped_decisions_are_the_hash_quarters_in_order():
+  """Counter g's four decisions, at 4g to 4g + 3: x0's low and high 16 bits, then x1's."""
+  rng = np.random.default_rng(1)
+  k0, k1 = (np.uint32(x) for x in rng.integers(0, 2**32, 2))
+  lo = jnp.asarray(rng.integers(0, 2**32, (3, 5)), jnp.uint32)
+  hi = jnp.asarray(rng.integers(0, 2**32, (3, 5)), jnp.uint32)
+  keep = threefry_bits.grouped_keep(0.7)
+  got = np.asarray(threefry_bits.keep_mask_grouped(k0, k1, hi, lo, keep))
+  x0, x1 = (np.asarray(x) for x in threefry_bits.threefry2x32(k0, k1, hi, lo))
+  quarters = np.stack([x0 & 0xFFFF, x0 >> 16, x1 & 0xFFFF, x1 >> 16], axis=-1).reshape(3, 20)
+  np.testing.assert_array_equal(got, quarters < round(0.7 * 2**16))
+  assert 0 < got.sum() < got.size
+
+
+def test_grouped_keep_is_the_nearest_multiple_of_a_sixteen_bit_step():
+  assert threefry_bits.grouped_keep(0.9) == 58_982 / 65_536
+  assert threefry_bits.grouped_keep(1.0) == 1.0
+  assert np.float32(threefry_bits.grouped_keep(0.9)) == threefry_bits.grouped_keep(0.9)
+  with pytest.raises(ValueError, match='multiple of 2\\*\\*-16'):
+    threefry_bits.keep_mask_grouped(np.uint32(0), np.uint32(1), jnp.zeros(4, jnp.uint32),
+                                    jnp.zeros(4, jnp.uint32), 0.9)  # fmt: skip
+
+
+def test_grouped_decisions_keep_at_their_rate_independently():
+  """2**20 decisions: the share kept, and kept pairs at each offset within a group and across
+  groups, are the rate's and the rate squared's within five standard deviations."""
+  keep = threefry_bits.grouped_keep(0.9)
+  kept = np.asarray(threefry_bits.keep_mask_array(jax.random.key(6), (256, 4096), keep, 4))
+  n = kept.size
+  assert abs(kept.mean() - keep) < 5 * np.sqrt(keep * (1 - keep) / n)
+  for offset in (1, 2, 3, 4, 5):
+    both = (kept[:, :-offset] & kept[:, offset:]).mean()
+    assert abs(both - keep**2) < 5 * np.sqrt(keep**2 * (1 - keep**2) / (n - 256 * offset))
+
+
 def test_the_flat_index_carries_into_its_high_word():
   spec = fused_attention_kernels.Spec(
     heads=1, q_len=4, k_len=4, keep=0.9, scale=1.0, tf32=False,
@@ -75,29 +119,56 @@ def test_the_flat_index_carries_into_its_high_word():
 
 
 @pytest.mark.parametrize(
-  'lq, lk, heads_in_mask, blocks',
+  'lq, lk, heads_in_mask, blocks, per_hash',
   [
-    (40, 40, 1, SMALL_TILES),  # padded to 48, three key tiles: dQ in its own kernel
-    (24, 24, 2, None),  # one key tile: dQ in the dK/dV kernel; a mask per head
-    (72, 72, 1, None),  # full float32's default 32 x 32 tiles: padded to 96, three key tiles
-    (8, 40, 1, SMALL_TILES),  # keys longer than queries (cross attention)
+    (40, 40, 1, SMALL_TILES, 4),  # padded to 48, three key tiles: dQ in its own kernel
+    (40, 40, 1, SMALL_TILES, 1),  # the same with jax.random.bernoulli's decisions
+    (24, 24, 2, None, 4),  # one key tile: dQ in the dK/dV kernel; a mask per head
+    (72, 72, 1, None, 4),  # full float32's default 32 x 32 tiles: padded to 96, three key tiles
+    (8, 38, 1, SMALL_TILES, 4),  # keys longer than queries (cross attention), not a multiple of 4
   ],
 )
-def test_values_and_gradients_are_flax_with_a_dropout_mask_per_head(lq, lk, heads_in_mask, blocks):
+def test_values_and_gradients_are_the_reference_with_a_dropout_mask_per_head(
+  lq, lk, heads_in_mask, blocks, per_hash
+):
+  """One decision per hash: Flax's own attention; four: reference_attention's."""
   batch, heads, d = 2, 2, 8  # d is padded to 16 in the kernels
   q, k, v, cotangent = _inputs(lq + lk, batch, lq, lk, heads, d)
   mask = jax.random.bernoulli(jax.random.key(11), 0.8, (batch, heads_in_mask, lq, lk))
   mask = mask.at[0, 0, 1].set(False)  # a row with every key masked: uniform, as in Flax
   rng = jax.random.key(5)
-  common = dict(mask=mask, dropout_rng=rng, dropout_rate=0.2, broadcast_dropout=False)
-  flax_fn = lambda q, k, v: nn.dot_product_attention(q, k, v, **common)
-  fused_fn = lambda q, k, v: fused_attention.dot_product_attention(q, k, v, **common, blocks=blocks)
+  common = dict(mask=mask, dropout_rng=rng, dropout_rate=0.2)
+  if per_hash == 1:
+    want_fn = lambda q, k, v: nn.dot_product_attention(q, k, v, **common, broadcast_dropout=False)
+  else:
+    want_fn = lambda q, k, v: fused_attention.reference_attention(
+      q, k, v, **common, decisions_per_hash=4
+    )
+  fused_fn = lambda q, k, v: fused_attention.dot_product_attention(
+    q, k, v, **common, broadcast_dropout=False, blocks=blocks, decisions_per_hash=per_hash
+  )
   with jax.default_matmul_precision('float32'):
-    want = _values_and_grads(flax_fn, q, k, v, cotangent)
+    want = _values_and_grads(want_fn, q, k, v, cotangent)
     got = _values_and_grads(fused_fn, q, k, v, cotangent)
   for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
     assert g.shape == w.shape and g.dtype == w.dtype
     assert _rel_err(g, w) < 1e-5
+
+
+def test_the_reference_with_a_hash_per_decision_is_flax():
+  q, k, v, cotangent = _inputs(3, 2, 12, 12, 2, 8)
+  common = dict(dropout_rng=jax.random.key(7), dropout_rate=0.1)
+  with jax.default_matmul_precision('float32'):
+    want = _values_and_grads(
+      lambda q, k, v: nn.dot_product_attention(q, k, v, **common, broadcast_dropout=False),
+      q, k, v, cotangent,
+    )  # fmt: skip
+    got = _values_and_grads(
+      lambda q, k, v: fused_attention.reference_attention(q, k, v, **common, decisions_per_hash=1),
+      q, k, v, cotangent,
+    )  # fmt: skip
+  for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
 
 
 def test_without_dropout_or_a_mask_the_kernels_are_plain_attention():
@@ -119,14 +190,18 @@ def test_without_dropout_or_a_mask_the_kernels_are_plain_attention():
 def test_16_bit_inputs_stay_within_their_rounding_of_float32(dtype, tolerance):
   q, k, v, cotangent = _inputs(2, 2, 24, 24, 2, 16)
   rng = jax.random.key(9)
-  common = dict(dropout_rng=rng, dropout_rate=0.1, broadcast_dropout=False)
+  common = dict(dropout_rng=rng, dropout_rate=0.1)
   with jax.default_matmul_precision('float32'):
     want = _values_and_grads(
-      lambda q, k, v: nn.dot_product_attention(q, k, v, **common), q, k, v, cotangent
+      lambda q, k, v: fused_attention.reference_attention(q, k, v, **common), q, k, v, cotangent
     )
   low = [x.astype(dtype) for x in (q, k, v)]
   got = _values_and_grads(
-    lambda q, k, v: fused_attention.dot_product_attention(q, k, v, **common), *low, cotangent
+    lambda q, k, v: fused_attention.dot_product_attention(
+      q, k, v, **common, broadcast_dropout=False
+    ),
+    *low,
+    cotangent,
   )
   for w, g in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
     assert g.dtype == dtype
@@ -146,6 +221,7 @@ def test_16_bit_inputs_stay_within_their_rounding_of_float32(dtype, tolerance):
       ),
       'threefry2x32',
     ),
+    (dict(decisions_per_hash=2), 'decisions_per_hash must be 1 or 4'),
   ],
 )
 def test_what_the_kernels_cannot_compute_is_refused(kwargs, message):
@@ -186,14 +262,14 @@ def test_auto_compiled_for_a_cpu_is_the_saved_attention_not_the_interpreted_kern
   assert auto_text.count('while') == saved_text.count('while') < fused_text.count('while')
 
 
-def test_fused_layers_give_the_saved_ones_values_and_gradients():
+def test_fused_layers_give_the_reference_layers_values_and_gradients():
   """Through Flax's MultiHeadDotProductAttention, two layers with a causal mask and dropout."""
   from tests.models.test_attention import _layers_loss  # pylint: disable=g-import-not-at-top
 
-  saved, params, x = _layers_loss('saved')
+  reference, params, x = _layers_loss(fused_attention.reference_attention)
   fused, _, _ = _layers_loss('fused')
   with jax.default_matmul_precision('float32'):
-    want = jax.value_and_grad(saved, argnums=(0, 1))(params, x)
+    want = jax.value_and_grad(reference, argnums=(0, 1))(params, x)
     got = jax.value_and_grad(fused, argnums=(0, 1))(params, x)
   for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
