@@ -73,14 +73,16 @@ def keep_mask_grouped(k0, k1, hi, lo, keep: float):
 def keep_mask_array(key, shape: tuple[int, ...], keep: float, per_hash: int):
   """The decisions of a whole [..., L] array as the kernels draw them: per_hash 1, one hash per
   element of the flat index (jax.random.bernoulli(key, keep, shape)); per_hash 4 (GROUP),
-  keep_mask_grouped on each row's counters, ceil(L / 4) a row, numbered across rows."""
+  keep_mask_grouped on each row's counters, ceil(L / 4) a row, numbered across rows. A reference
+  for tests and benchmarks: its counters stay below 2**32 (the kernels carry into the high word)."""
   if per_hash not in (1, GROUP):
     raise ValueError(f'decisions per hash must be 1 or {GROUP}, got {per_hash}')
   k0, k1 = jax.random.key_data(key).astype(jnp.uint32)
   *lead, length = shape
   rows, width = math.prod(lead), -(-length // per_hash)
-  flat = np.arange(rows * width, dtype=np.uint64).reshape(rows, width)
-  hi = jnp.asarray((flat >> np.uint64(32)).astype(np.uint32))
-  lo = jnp.asarray((flat & np.uint64(0xFFFFFFFF)).astype(np.uint32))
+  if rows * width >= 2**32:
+    raise ValueError(f'{rows * width:,} counters: more than a 32-bit flat index holds')
+  lo = lax.iota(jnp.uint32, rows * width).reshape(rows, width)  # computed, not a constant
+  hi = jnp.zeros_like(lo)
   draw = keep_mask if per_hash == 1 else keep_mask_grouped
   return draw(k0, k1, hi, lo, keep)[:, :length].reshape(shape)

@@ -70,6 +70,11 @@ def test_keep_mask_array_with_a_hash_per_decision_is_jax_random_bernoulli():
   np.testing.assert_array_equal(threefry_bits.keep_mask_array(key, shape, 0.8, 1), want)
 
 
+def test_keep_mask_array_refuses_counters_past_the_low_word():
+  with pytest.raises(ValueError, match='more than a 32-bit flat index holds'):
+    threefry_bits.keep_mask_array(jax.random.key(0), (2**16, 2**18), 0.5, 4)  # allocates nothing
+
+
 def test_grouped_decisions_are_the_hash_quarters_in_order():
   """Counter g's four decisions, at 4g to 4g + 3: x0's low and high 16 bits, then x1's."""
   rng = np.random.default_rng(1)
