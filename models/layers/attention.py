@@ -18,8 +18,10 @@ from models.layers import fused_attention
 # (fused_attention.py); 'auto' is 'fused' under a 16-bit compute dtype in a program compiled
 # for a GPU, where it is the faster on an H200, and 'saved' under float32, where it is not
 # (docs/performance.md), and on a CPU, where the fused kernels run in Pallas' interpreter.
-# 'saved' and 'recomputed' give the same values from the same random bits (jax.random.bernoulli's),
-# and so do the fused kernels with their default draw (fused_attention.DECISIONS_PER_HASH).
+# 'saved' and 'recomputed' give the same values from the same random bits (jax.random.bernoulli's);
+# the fused kernels draw four decisions a hash by default, kept at the nearest multiple of 2**-16
+# to the rate's complement (fused_attention.DECISIONS_PER_HASH; decisions_per_hash=1 gives
+# jax.random.bernoulli's).
 PROBS = ('saved', 'recomputed', 'fused', 'auto')
 
 

@@ -10,16 +10,17 @@ probabilities. The [B, L, H, D] layout of Flax's projections is read and written
 
 The dropout decisions come from jax.random's threefry2x32 under the layer's key, one decision per
 probability and independent across sequences and heads, drawn one of two ways
-(`decisions_per_hash`). With 1, the default (DECISIONS_PER_HASH), they are jax.random.bernoulli's
-on the [B, H, Lq, Lk] shape (threefry2x32 of each element's flat index), so the values and
-gradients are those of flax.linen.dot_product_attention with broadcast_dropout=False. With 4, each
-hash of a counter (a row's group of four keys, numbered across [B, H, Lq]) gives four decisions
-of 16 bits (threefry_bits.keep_mask_grouped): a quarter of the hash's arithmetic, which the
-forward kernel does for every probability where its products are a few per tile; the probability
-of keeping is then the nearest multiple of 2**-16 to 1 - rate (0.89999390 for BERT's 0.1), and
-the kept values are scaled by its inverse. `reference_attention` computes either draw's values in
-XLA's operations (tests/models/test_fused_attention.py), up to the order of the floating-point
-sums. The softmax runs in float32 under every precision (Flax's runs in the compute dtype).
+(`decisions_per_hash`). With 4, the default (DECISIONS_PER_HASH), each hash of a counter (a row's
+group of four keys, numbered across [B, H, Lq]) gives four decisions of 16 bits
+(threefry_bits.keep_mask_grouped): a quarter of the hash's arithmetic, which the forward kernel
+does for every probability where its products are a few per tile; the probability of keeping is
+then the nearest multiple of 2**-16 to 1 - rate (0.89999390 for BERT's 0.1), and the kept values
+are scaled by its inverse. With 1 they are jax.random.bernoulli's on the [B, H, Lq, Lk] shape
+(threefry2x32 of each element's flat index), so the values and gradients are those of
+flax.linen.dot_product_attention with broadcast_dropout=False. `reference_attention` computes
+either draw's values in XLA's operations (tests/models/test_fused_attention.py), up to the order
+of the floating-point sums. The softmax runs in float32 under every precision (Flax's runs in
+the compute dtype).
 
 The kernels are in fused_attention_kernels; here they are gridded over (batch, head, block),
 padded to their tiles and differentiated (a custom VJP). On a GPU they are compiled by XLA's
@@ -61,8 +62,11 @@ def default_blocks(dtype, k_len: int, tf32: bool = True) -> dict:
   return dict(block_q=128, block_k=64, block_bwd=64, warps=8, warps_bwd=4, stages=2)
 
 
-# The kernels' dropout decisions per threefry hash when not given: jax.random.bernoulli's.
-DECISIONS_PER_HASH = 1
+# The kernels' dropout decisions per threefry hash when not given. Four: on an H100 the grouped
+# draw ran bert_squad's layer in bf16 1.23x as fast as a hash per decision (jax.random.bernoulli's)
+# and the bf16 steps of bert_squad, bert_base and mt_dnn 1.069x, 1.033x and 1.045x
+# (docs/performance.md, "Fused attention").
+DECISIONS_PER_HASH = 4
 
 
 def _round_up(n: int, m: int) -> int:

@@ -309,5 +309,5 @@ MT_DNN = wl.Workload(
   trainer=trainer,
   flops_per_example=flops_per_example,
   units_per_example=lambda cfg: len(TASKS),
-  revision=6,
+  revision=7,
 )
