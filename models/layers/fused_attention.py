@@ -62,10 +62,8 @@ def default_blocks(dtype, k_len: int, tf32: bool = True) -> dict:
   return dict(block_q=128, block_k=64, block_bwd=64, warps=8, warps_bwd=4, stages=2)
 
 
-# The kernels' dropout decisions per threefry hash when not given. Four: on an H100 the grouped
-# draw ran bert_squad's layer in bf16 1.23x as fast as a hash per decision (jax.random.bernoulli's)
-# and the bf16 steps of bert_squad, bert_base and mt_dnn 1.069x, 1.033x and 1.045x
-# (docs/performance.md, "Fused attention").
+# The kernels' dropout decisions per threefry hash when not given: four, the faster draw in the
+# BERT family's bf16 steps (docs/performance.md, "Fused attention").
 DECISIONS_PER_HASH = 4
 
 
