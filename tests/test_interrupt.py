@@ -123,3 +123,52 @@ except KeyboardInterrupt:
 def test_a_sigint_while_jax_starts_its_plugins_is_raised_after_it(tmp_path):
   done = _script(IN_A_PLUGIN_START, tmp_path)
   assert done.stdout == 'interrupted after the plugins started: True\n', done.stderr
+
+
+IN_A_BARE_EXCEPT = '''
+import os, signal, time
+from jaxbench.core import interrupt
+interrupt.install()
+def broadcast_shapes():  # the shape of JAX's lax.broadcast_shapes: any exception, another way
+  try:
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(100000):  # the signal is handled here, inside the try
+      pass
+  except:
+    pass
+  return 'the other way'
+how = broadcast_shapes()
+t = time.monotonic()
+try:
+  time.sleep(5)
+  print('not interrupted')
+except KeyboardInterrupt:
+  print(f'interrupted again after {how}', 0.5 < time.monotonic() - t < 3)
+'''
+
+
+def test_a_sigint_that_a_bare_except_drops_is_raised_again():
+  done = _script(IN_A_BARE_EXCEPT, '.')
+  assert done.stdout == 'interrupted again after the other way True\n', done.stderr
+
+
+TAKEN = '''
+import os, signal, time
+from jaxbench.core import interrupt
+interrupt.install()
+try:
+  os.kill(os.getpid(), signal.SIGINT)
+  time.sleep(5)
+except KeyboardInterrupt:
+  interrupt.taken()
+try:
+  time.sleep(3)  # what the handler does after it took the interrupt: written, not cut short
+  print('taken once')
+except KeyboardInterrupt:
+  print('raised again')
+'''
+
+
+def test_a_taken_sigint_is_not_raised_again():
+  done = _script(TAKEN, '.')
+  assert done.stdout == 'taken once\n', done.stderr

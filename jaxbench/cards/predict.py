@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, Iterator
 
 from jaxbench.cards import catalog, deviceless, emulation
-from jaxbench.core import bench, hints, mesh, probe, run_record, search, search_log
+from jaxbench.core import bench, hints, interrupt, mesh, probe, run_record, search, search_log
 from jaxbench.core import program as prog
 from jaxbench.results import store
 from models import precision
@@ -158,6 +158,7 @@ def predict(
         known=known,
       )
     except KeyboardInterrupt:
+      interrupt.taken()
       raise bench.Interrupted(record(card, None)) from None
     result = record(card, found)
     log(line(result))

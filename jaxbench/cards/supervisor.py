@@ -10,6 +10,7 @@ import subprocess
 from typing import Any
 
 from jaxbench.cards import catalog, grid
+from jaxbench.core import interrupt
 from jaxbench.results import records as report
 from jaxbench.results import store
 
@@ -75,11 +76,12 @@ def wait(proc: subprocess.Popen, timeout_s: float | None) -> tuple[int, str | No
     os.killpg(proc.pid, signal.SIGKILL)
     return proc.wait(), f'timed out after {timeout_s:g} s', False
   except KeyboardInterrupt:
-    pass
+    interrupt.taken()
   try:
     os.killpg(proc.pid, signal.SIGINT)
     return proc.wait(timeout=INTERRUPT_GRACE_S), 'interrupted (Ctrl-C)', True
   except (subprocess.TimeoutExpired, KeyboardInterrupt):
+    interrupt.taken()
     os.killpg(proc.pid, signal.SIGKILL)
     return proc.wait(), 'interrupted (Ctrl-C), then killed', True
 

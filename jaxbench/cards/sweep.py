@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from jaxbench import cli
 from jaxbench.cards import catalog, grid, supervisor
+from jaxbench.core import interrupt
 from jaxbench.results import records as report
 from jaxbench.results import store
 from models import registry
@@ -253,5 +254,6 @@ def main(a: cli.Args, gpus: list[catalog.Gpu], fail: Callable[[str], None]) -> i
   except store.Busy as e:
     fail(str(e))
   except KeyboardInterrupt:
+    interrupt.taken()
     return 130  # the shell's status for a command stopped by SIGINT
   return 1 if failed else 0

@@ -5,7 +5,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxbench import cli
-from jaxbench.core import backend, find, init_cache, mesh, run_record, scaling, timing
+from jaxbench.core import backend, find, init_cache, interrupt, mesh, run_record, scaling, timing
 from jaxbench.core import program as prog
 from jaxbench.core import progress as display
 from models import precision
@@ -95,6 +95,7 @@ def run(
     with display.Display(progress.line):  # a live line on a terminal only
       return _search_and_time(w, opts, cfg, policy, budget, result, progress, log)
   except KeyboardInterrupt:
+    interrupt.taken()
     raise Interrupted(
       run_record.so_far(w, cfg, opts, result, progress, f'interrupted while {progress.phase}')
     ) from None

@@ -1,7 +1,7 @@
 """Ctrl-C (SIGINT) honoured at any moment of a run, its first second included.
 
-Python raises KeyboardInterrupt wherever its main thread checks for signals next, and two
-places in a run's first seconds cannot take it:
+Python raises KeyboardInterrupt wherever its main thread checks for signals next, and four
+kinds of place in a run cannot take it:
 - JAX runs a callback at every garbage collection (jax._src.lib._xla_gc_callback, in
   gc.callbacks). An exception raised inside a gc callback (or a __del__) is printed ("Exception
   ignored in: <function _xla_gc_callback>") and dropped: the run goes on as if never interrupted.
@@ -10,13 +10,18 @@ places in a run's first seconds cannot take it:
 - JAX's start of its PJRT plugins (xla_bridge.discover_pjrt_plugins, where the CUDA plugin loads
   its libraries) calls each plugin's initialize() under a bare `except:`, which logs a
   KeyboardInterrupt as a plugin error and goes on.
-Before any of that, while the command's own modules load, exit_while_loading() ends the process
-at once: nothing has been written yet, and an import cut short is never used.
-install() puts in a handler that raises KeyboardInterrupt as Python's own does, except in those
-places: there it sends the SIGINT again a moment later, until the collection, the import or the
-plugins' start is over, so that it is raised in the run's own code. A flag checked at chosen
-points would miss the long stretches (an import, a compile) that have none; blocking SIGINT until
-JAX is imported would miss the collections of every compile after it.
+- Any other bare `except:` drops it without a word. JAX's tracing has several on its busiest
+  paths (core.is_constant_dim; lax.broadcast_shapes, which tries another way on any exception),
+  so a Ctrl-C while a compile traces its program could be lost and the run go on to its end.
+install() puts in a handler that raises KeyboardInterrupt as Python's own does, except in the
+first three: there it sends the SIGINT again a moment later, until the collection, the import
+or the plugins' start is over, so that it is raised in the run's own code. Against the fourth,
+an interrupt stays pending until the code that handles it says so (taken()), and is raised
+again every _PENDING_S until then. A flag checked at chosen points would miss the long
+stretches (an import, a compile) that have none; blocking SIGINT until JAX is imported would
+miss the collections of every compile after it.
+Before install() can be reached, while the command's own modules load, exit_while_loading()
+ends the process at once: nothing has been written yet, and an import cut short is never used.
 """
 
 import gc
@@ -26,6 +31,9 @@ import sys
 import threading
 
 _RETRY_S = 0.05  # when a SIGINT that arrived in a gc callback or an import is sent again
+# When a raised KeyboardInterrupt that nothing has taken is raised again: longer than the run's
+# own unwinding to its handler takes, so that a second one does not cut into a `finally`.
+_PENDING_S = 1.0
 _IMPORT = '<frozen importlib'  # the frames of the import machinery
 # Functions that catch every exception, KeyboardInterrupt included: (name, file name).
 _SWALLOWING = {('discover_pjrt_plugins', 'xla_bridge.py')}
@@ -46,13 +54,43 @@ def _unsafe_here(frame) -> bool:
   return False
 
 
+_pending = False  # a SIGINT has come that no handler has taken
+_resent = False  # the next SIGINT is one that _send_again sent
+
+
+def _send_again(signum: int) -> None:
+  global _resent
+  if _pending:
+    _resent = True
+    os.kill(os.getpid(), signum)
+
+
+def _later(delay_s: float, signum: int) -> None:
+  timer = threading.Timer(delay_s, _send_again, (signum,))
+  timer.daemon = True
+  timer.start()
+
+
 def _on_sigint(signum, frame) -> None:
+  global _pending, _resent
+  if _resent:
+    _resent = False
+    if not _pending:  # taken since it was sent
+      return
+  _pending = True
   if _unsafe_here(frame):
-    timer = threading.Timer(_RETRY_S, os.kill, (os.getpid(), signum))
-    timer.daemon = True
-    timer.start()
+    _later(_RETRY_S, signum)
     return
+  _later(_PENDING_S, signum)  # in case a bare `except:` drops this one
   raise KeyboardInterrupt
+
+
+def taken() -> None:
+  """Say that a KeyboardInterrupt has reached the code that handles it (which writes what the
+  run found, stops a child, or exits): the SIGINT is no longer sent again. Without install(),
+  nothing to do."""
+  global _pending
+  _pending = False
 
 
 def _exit_on_sigint(signum, frame) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 import jaxbench
-from jaxbench.core import backend, probe, run_record, search, search_log
+from jaxbench.core import backend, interrupt, probe, run_record, search, search_log
 from jaxbench.core import bench as core_bench
 from jaxbench.core import progress as display
 from jaxbench.pytorch import environment
@@ -126,6 +126,7 @@ def run(
     with display.Display(progress.line):
       return _search_and_time(w, opts, cfg, program, result, progress, log)
   except KeyboardInterrupt:
+    interrupt.taken()
     raise core_bench.Interrupted(
       run_record.so_far(w, cfg, opts, result, progress, f'interrupted while {progress.phase}')
     ) from None
