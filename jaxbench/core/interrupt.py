@@ -24,11 +24,12 @@ Before install() can be reached, while the command's own modules load, exit_whil
 ends the process at once: nothing has been written yet, and an import cut short is never used.
 """
 
+import _thread
 import gc
 import os
 import signal
 import sys
-import threading
+import time
 
 _RETRY_S = 0.05  # when a SIGINT that arrived in a gc callback or an import is sent again
 # When a raised KeyboardInterrupt that nothing has taken is raised again: longer than the run's
@@ -66,9 +67,15 @@ def _send_again(signum: int) -> None:
 
 
 def _later(delay_s: float, signum: int) -> None:
-  timer = threading.Timer(delay_s, _send_again, (signum,))
-  timer.daemon = True
-  timer.start()
+  """_send_again(signum) in delay_s, from a thread of its own. A bare _thread, not a
+  threading.Timer: the handler may run while the main thread holds threading's own lock (in a
+  Thread.start()), which a Timer's start would wait for forever."""
+
+  def wait_then_send():
+    time.sleep(delay_s)
+    _send_again(signum)
+
+  _thread.start_new_thread(wait_then_send, ())
 
 
 def _on_sigint(signum, frame) -> None:
