@@ -11,6 +11,7 @@ from models import transformer
 from models import workload as wl
 from models.layers import attention as attention_layers
 from models.layers import cross_entropy as cross_entropy_layers
+from models.layers import dropout as dropout_layers
 from models.layers import embed as embed_layers
 from models.layers import gelu as gelu_layers
 
@@ -58,7 +59,8 @@ class BertEncoder(nn.Module):
       + jnp.take(positions, position_ids_BxL, axis=0).astype(self.dtype)
     )
     x = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, name='embeddings_norm')(x)
-    x = nn.Dropout(cfg['dropout'], deterministic=not train)(x)
+    draw = dropout_layers.draw_of(cfg)
+    x = dropout_layers.layer(cfg['dropout'], draw, not train)(x)
     valid = tokens_BxL != PAD
     mask = nn.make_attention_mask(valid, valid)
     for i in range(cfg['layers']):
@@ -68,6 +70,7 @@ class BertEncoder(nn.Module):
         dropout=cfg['dropout'],
         attention_dropout=cfg['dropout'],
         attention_probs=cfg['attention_probs'],
+        dropout_draw=draw,
         activation=gelu,
         ln_eps=LN_EPS,
         dtype=self.dtype,
@@ -208,6 +211,7 @@ ENCODER_SPEC = dict(
   dropout=wl.FRACTION,
   warmup=wl.NATURAL,
   attention_probs=wl.Key(choices=attention_layers.PROBS),
+  dropout_draw=wl.Key(choices=dropout_layers.DRAWS),
 )
 
 
@@ -246,6 +250,7 @@ BERT_BASE = wl.Workload(
   config=BERT_BASE_CONFIG,
   tiny=BERT_TINY,
   spec=ENCODER_SPEC,
+  optional=dropout_layers.OPTIONAL,
   check=check_pretraining,
   trainer=wl.supervised(
     lambda cfg, dtype: BertPretraining(cfg, dtype), make_batch, pretraining_loss, adamw
@@ -341,6 +346,7 @@ BERT_SQUAD = wl.Workload(
   config=BERT_SQUAD_CONFIG,
   tiny=BERT_SQUAD_TINY,
   spec=ENCODER_SPEC,
+  optional=dropout_layers.OPTIONAL,
   check=check_squad,
   trainer=wl.supervised(lambda cfg, dtype: BertSquad(cfg, dtype), squad_batch, squad_loss, adamw),
   flops_per_example=squad_flops,

@@ -12,6 +12,7 @@ import optax
 from models import workload as wl
 from models.layers import attention as attention_layers
 from models.layers import cross_entropy as cross_entropy_layers
+from models.layers import dropout as dropout_layers
 from models.layers import embed as embed_layers
 
 PAD = 0  # token id of padding; synthetic sentences never draw it
@@ -45,6 +46,7 @@ class PostLNLayer(nn.Module):
   cross_attention: bool = False
   ln_eps: float = 1e-5
   attention_probs: str = 'saved'  # attention_layers.PROBS
+  dropout_draw: str = 'bernoulli'  # dropout_layers.DRAWS, of the sub-blocks' dropout
   dtype: Any = jnp.float32
 
   def _attend(self, name, q_in, kv_in, mask, train):
@@ -55,7 +57,7 @@ class PostLNLayer(nn.Module):
 
   @nn.compact
   def __call__(self, x, self_mask, train, memory=None, memory_mask=None):
-    drop = lambda y: nn.Dropout(self.dropout, deterministic=not train)(y)
+    drop = lambda y: dropout_layers.layer(self.dropout, self.dropout_draw, not train)(y)
     norm = lambda name: nn.LayerNorm(epsilon=self.ln_eps, dtype=self.dtype, name=name)
     x = norm('self_attention_norm')(
       x + drop(self._attend('self_attention', x, x, self_mask, train))
@@ -92,13 +94,15 @@ class TransformerBig(nn.Module):
       dtype=self.dtype,
       name='shared_embedding',
     )
-    drop = nn.Dropout(cfg['dropout'], deterministic=not train)
+    draw = dropout_layers.draw_of(cfg)
+    drop = dropout_layers.layer(cfg['dropout'], draw, not train)
     layer = functools.partial(
       PostLNLayer,
       heads=cfg['heads'],
       ffn=cfg['ffn'],
       dropout=cfg['dropout'],
       attention_probs=cfg['attention_probs'],
+      dropout_draw=draw,
       dtype=self.dtype,
     )
 
@@ -249,7 +253,9 @@ TRANSFORMER_BIG = wl.Workload(
     dropout=wl.FRACTION,
     label_smoothing=wl.FRACTION,
     attention_probs=wl.Key(choices=attention_layers.PROBS),
+    dropout_draw=wl.Key(choices=dropout_layers.DRAWS),
   ),
+  optional=dropout_layers.OPTIONAL,
   check=check,
   trainer=trainer,
   flops_per_example=flops_per_example,

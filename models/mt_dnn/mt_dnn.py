@@ -14,6 +14,7 @@ import optax
 
 from models import bert
 from models import workload as wl
+from models.layers import dropout as dropout_layers
 from models.mt_dnn.adamax import scale_by_mtdnn_adamax
 from models.mt_dnn.san import SanClassifier, head_init
 
@@ -305,6 +306,7 @@ MT_DNN = wl.Workload(
   tiny=MT_DNN_TINY,
   # warmup: the fraction of total_steps.
   spec=dict(bert.ENCODER_SPEC, mem_drop=wl.FRACTION, warmup=wl.PROBABILITY),
+  optional=dropout_layers.OPTIONAL,  # the encoder's dropouts; the task heads' stay Bernoulli
   check=bert.check_encoder,
   trainer=trainer,
   flops_per_example=flops_per_example,
