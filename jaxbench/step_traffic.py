@@ -9,7 +9,9 @@ Compiles each workload's step at its comparison batch (jaxbench/pytorch/framewor
 --batch_size in the workload's unit, 2 examples with --tiny), with the XLA options a run uses, on
 this machine's device or, with --compile_for, for a described GPU from its CPU. Runs nothing.
 Prints the bytes of the fusions, the library calls (cuBLAS, cuDNN, Triton) and the other
-operations, then the largest groups of kernels (jaxbench/core/traffic.py says what is counted).
+operations, for a GPU's program the threefry hashes a step computes (its random numbers' and its
+dropout masks' arithmetic), then the largest groups of kernels (jaxbench/core/traffic.py says
+what is counted).
 Two forms of one step compiled this way can be weighed before a GPU times them: XLA_FLAGS and
 --set change the program, and the totals say by how many bytes.
 """
@@ -56,6 +58,8 @@ def size(b: float) -> str:
 
 def report(name, precision_name, batch, overrides, tiny, target, by, depth, top) -> list[str]:
   """One workload's lines: what was compiled, the totals, then the largest groups."""
+  import jax  # pylint: disable=g-import-not-at-top
+
   from jaxbench.core import program, traffic  # pylint: disable=g-import-not-at-top
   from models import precision, registry  # pylint: disable=g-import-not-at-top
 
@@ -74,6 +78,9 @@ def report(name, precision_name, batch, overrides, tiny, target, by, depth, top)
     + ', '.join(f'{k} {size(v)}' for k, v in sums.items())
     + f'; forecast peak {size(compiled.peak_bytes)}'
   ]
+  if target is not None or jax.default_backend() == 'gpu':  # a CPU's hashes are rolled loops
+    lines[0] += f'; {traffic.threefry_hashes(ks) / 1e6:,.1f} M threefry hashes'
+
   rows = [
     (key, str(count), size(b), f'{100 * b / max(total, 1):.1f}%')
     for key, count, b in traffic.group(ks, by, depth)[:top]

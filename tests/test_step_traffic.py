@@ -92,6 +92,38 @@ def test_totals_and_groups():
     traffic.group(ks, 'layer')
 
 
+HASHES = """HloModule jit_step
+
+%fused_hash (k: u32[2], c: u32[6,4]) -> pred[6,4] {
+  %c = u32[6,4]{1,0} parameter(1)
+  %thirteen = u32[] constant(13)
+  %b = u32[6,4]{1,0} broadcast(%thirteen), dimensions={}
+  %shift-left.1 = u32[6,4]{1,0} shift-left(%c, %b)
+  %shift-left.2 = u32[6,4]{1,0} shift-left(%shift-left.1, %b)
+  %packed = u8[6,4]{1,0} shift-left(%c, %b)
+  ROOT %keep = pred[6,4]{1,0} compare(%shift-left.2, %c), direction=LT
+}
+
+ENTRY %main (k: u32[2], c: u32[6,4], s: u32[3]) -> (pred[6,4], u32[3]) {
+  %k = u32[2]{0} parameter(0)
+  %c = u32[6,4]{1,0} parameter(1)
+  %s = u32[3]{0} parameter(2)
+  %mask = pred[6,4]{1,0} fusion(%k, %c), kind=kLoop, calls=%fused_hash
+  %again = pred[6,4]{1,0} fusion(%k, %c), kind=kLoop, calls=%fused_hash
+  %one = u32[3]{0} shift-left(%s, %s)
+  ROOT %out = (pred[6,4]{1,0}, u32[3]{0}) tuple(%mask, %one)
+}
+"""
+
+
+def test_the_hashes_are_the_32_bit_shift_lefts_over_a_hash_s_rotations():
+  """Each fusion counts the shift-lefts of the computation it runs, a computation two fusions
+  share twice; an unfused one counts its own; 8-bit shifts (a mask's packing) are not a hash's."""
+  ks = {k.name: k for k in traffic.kernels(HASHES)}
+  assert (ks['mask'].shifted, ks['again'].shifted, ks['one'].shifted) == (48, 48, 3)
+  assert traffic.threefry_hashes(list(ks.values())) == (48 + 48 + 3) // traffic.ROTATIONS
+
+
 def test_a_text_without_an_entry_is_refused():
   with pytest.raises(ValueError, match='no ENTRY computation'):
     traffic.kernels('HloModule m\n')

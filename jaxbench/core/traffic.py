@@ -7,6 +7,9 @@ counted once per place in the program (a loop's body once, however many times it
 what the kernel moves if it reads each operand once, a bound that fusions and library calls on
 a GPU come close to; it is a way to weigh two forms of one step against each other without
 running either, not a time.
+
+The same text counts the threefry hashes a step computes (its dropout masks', its random
+numbers'), arithmetic that no byte count shows: threefry_hashes().
 """
 
 import collections
@@ -52,6 +55,12 @@ _NO_KERNEL = {
   'conditional',
   'call',
 }
+# A threefry-2x32 hash rotates its words 20 times, each rotation a 32-bit shift-left (and a
+# shift-right and an or) where XLA unrolls it, as for a GPU; on a CPU JAX rolls the rounds into a
+# loop, whose body is counted once.
+ROTATIONS = 20
+_U32_SHIFT_LEFT = re.compile(r'= u32\[([0-9,]*)\](?:\{[0-9,]*\})? shift-left\(')
+_CALLS = re.compile(r'\bcalls=%?([\w.\-]+)')
 # The attributes that name the computations a while loop, a conditional or a call runs.
 _RUNS = re.compile(
   r'\b(?:body|condition|to_apply|true_computation|false_computation)=%?([\w.\-]+)'
@@ -79,6 +88,7 @@ class Kernel:
   read_bytes: int
   written_bytes: int
   op_name: str  # the JAX operation it came from (its metadata), '' if none
+  shifted: int = 0  # elements of its 32-bit shift-lefts (a fusion's, in the computation it runs)
 
   @property
   def bytes(self) -> int:
@@ -101,6 +111,27 @@ def _computations(text: str) -> tuple[dict[str, list[str]], str | None]:
     elif current is not None:
       comps[current].append(line)
   return comps, entry
+
+
+def _elements(dims: str) -> int:
+  n = 1
+  for d in dims.split(','):
+    if d:
+      n *= int(d)
+  return n
+
+
+def _shifted(comps: dict[str, list[str]], comp: str) -> int:
+  """The elements of the 32-bit shift-lefts of a fused computation and of those it calls."""
+  total = 0
+  for line in comps.get(comp, []):
+    m = _U32_SHIFT_LEFT.search(line)
+    if m:
+      total += _elements(m.group(1))
+    called = _CALLS.search(line)
+    if called:
+      total += _shifted(comps, called.group(1))
+  return total
 
 
 def kernels(text: str) -> list[Kernel]:
@@ -130,6 +161,9 @@ def kernels(text: str) -> list[Kernel]:
       operands = re.findall(r'%([\w.\-]+)', rest.split(')', 1)[0])
       kind = re.search(r'\bkind=(k\w+)|custom_call_target="([^"]*)"', rest)
       op_name = re.search(r'op_name="([^"]*)"', rest)
+      called = _CALLS.search(rest) if opcode == 'fusion' else None
+      shift = _U32_SHIFT_LEFT.search(line)
+      shifted = _shifted(comps, called.group(1)) if called else 0
       out.append(
         Kernel(
           name=name,
@@ -138,9 +172,17 @@ def kernels(text: str) -> list[Kernel]:
           read_bytes=sum(sizes.get(o, 0) for o in operands),
           written_bytes=sizes[name],
           op_name=op_name.group(1) if op_name else '',
+          shifted=shifted + (_elements(shift.group(1)) if shift else 0),
         )
       )
   return out
+
+
+def threefry_hashes(ks: list[Kernel]) -> int:
+  """The threefry-2x32 hashes the kernels compute: their 32-bit shift-lefts' elements over
+  ROTATIONS. Exact for a program compiled for a GPU whose only 32-bit shift-lefts are threefry's
+  rotations (jax.random's, models/layers/threefry_bits'), as the workloads' steps are."""
+  return sum(k.shifted for k in ks) // ROTATIONS
 
 
 def _layer_path(op_name: str, depth: int) -> str:
