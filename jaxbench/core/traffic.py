@@ -68,16 +68,18 @@ _RUNS = re.compile(
 )
 
 
+def _elements(dims: str) -> int:
+  """The elements of an HLO array of dimensions 'd0,d1,...' ('' for a scalar)."""
+  n = 1
+  for d in dims.split(','):
+    if d:
+      n *= int(d)
+  return n
+
+
 def array_bytes(shape: str) -> int:
   """The bytes of every array in an HLO shape (a tuple's elements summed)."""
-  total = 0.0
-  for dtype, dims in _ARRAY.findall(shape):
-    size = _BYTES[dtype]
-    for d in dims.split(','):
-      if d:
-        size *= int(d)
-    total += size
-  return int(total)
+  return int(sum(_BYTES[dtype] * _elements(dims) for dtype, dims in _ARRAY.findall(shape)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,14 +113,6 @@ def _computations(text: str) -> tuple[dict[str, list[str]], str | None]:
     elif current is not None:
       comps[current].append(line)
   return comps, entry
-
-
-def _elements(dims: str) -> int:
-  n = 1
-  for d in dims.split(','):
-    if d:
-      n *= int(d)
-  return n
 
 
 def _shifted(comps: dict[str, list[str]], comp: str) -> int:

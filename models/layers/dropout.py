@@ -45,7 +45,7 @@ def grouped_keep_mask(key, shape: tuple[int, ...], keep: float):
   """Keep decisions of an array of `shape`, four a hash. A row of length L has G = ceil(L / 4)
   counters, numbered across the rows of the array flattened to [rows, L] (r * G + g); element
   4 g + q of row r is quarter q of counter r * G + g's hash (x0's low and high 16 bits, then
-  x1's, as threefry_bits.keep_mask_grouped orders them) below keep * 2**16. `keep` must be
+  x1's: threefry_bits.grouped_hash) below keep * 2**16. `keep` must be
   threefry_bits.grouped_keep's.
 
   XLA makes each element of a fusion's output in a thread of its own, so a hash whose four
@@ -61,15 +61,10 @@ def grouped_keep_mask(key, shape: tuple[int, ...], keep: float):
     rows *= d
   if rows * width >= 2**32:
     raise ValueError(f'{shape}: {rows * width:,} counters, more than 32 bits number')
-  if threefry_bits.grouped_keep(keep) != keep:
-    raise ValueError(f'keep {keep} is not a multiple of 2**-16 (threefry_bits.grouped_keep)')
   k0, k1 = _hash_key(key)
   counter = lax.iota(jnp.uint32, rows * width).reshape(*lead, width)
-  x0, x1 = threefry_bits.threefry2x32(k0, k1, jnp.zeros_like(counter), counter)
-  below = jnp.uint32(round(keep * 2**16))
-  low = jnp.uint32(0xFFFF)
-  quarters = (x0 & low, x0 >> 16, x1 & low, x1 >> 16)
-  packed = sum((q < below).astype(jnp.uint8) << jnp.uint8(i) for i, q in enumerate(quarters))
+  quarters, level = threefry_bits.grouped_hash(k0, k1, jnp.zeros_like(counter), counter, keep)
+  packed = sum((q < level).astype(jnp.uint8) << jnp.uint8(i) for i, q in enumerate(quarters))
   which = lax.broadcasted_iota(jnp.uint8, (*[1] * len(shape), threefry_bits.GROUP), len(shape))
   decided = (packed[..., None] >> which) & jnp.uint8(1) == 1
   return decided.reshape(*lead, -1)[..., :length]

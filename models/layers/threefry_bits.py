@@ -54,20 +54,27 @@ def grouped_keep(keep: float) -> float:
   return min(max(round(keep * _LEVELS), 0), _LEVELS) / _LEVELS
 
 
-def keep_mask_grouped(k0, k1, hi, lo, keep: float):
-  """Four keep decisions per counter: counters [..., G] give decisions [..., 4 G], those of
-  counter g at 4 g to 4 g + 3 from the hash's 16-bit quarters (x0's low and high half, then
-  x1's). `keep` must be grouped_keep's; a decision keeps when its 16 bits are below keep * 2**16.
-  The quarters are interleaved by stacking on a last axis and merging it, which Triton lowers to
-  its join and reshape."""
+def grouped_hash(k0, k1, hi, lo, keep: float):
+  """The four 16-bit quarters of each counter's hash, in decision order (x0's low and high half,
+  then x1's), and the level below which a quarter keeps (keep * 2**16). `keep` must be
+  grouped_keep's."""
   if grouped_keep(keep) != keep:
     raise ValueError(f'keep {keep} is not a multiple of 2**-16 (grouped_keep)')
   x0, x1 = threefry2x32(k0, k1, hi, lo)
-  low = np.uint32(0xFFFF)
-  evens = jnp.stack([x0 & low, x1 & low], axis=-1)  # quarters 0 and 2
-  odds = jnp.stack([x0 >> np.uint32(16), x1 >> np.uint32(16)], axis=-1)  # quarters 1 and 3
-  words = jnp.stack([evens, odds], axis=-1).reshape(*x0.shape[:-1], GROUP * x0.shape[-1])
-  return words < np.uint32(round(keep * _LEVELS))
+  low, half = np.uint32(0xFFFF), np.uint32(16)
+  return (x0 & low, x0 >> half, x1 & low, x1 >> half), np.uint32(round(keep * _LEVELS))
+
+
+def keep_mask_grouped(k0, k1, hi, lo, keep: float):
+  """Four keep decisions per counter: counters [..., G] give decisions [..., 4 G], those of
+  counter g at 4 g to 4 g + 3 from the hash's quarters (grouped_hash). A decision keeps when its
+  16 bits are below keep * 2**16. The quarters are interleaved by stacking on a last axis and
+  merging it, which Triton lowers to its join and reshape."""
+  (q0, q1, q2, q3), level = grouped_hash(k0, k1, hi, lo, keep)
+  evens = jnp.stack([q0, q2], axis=-1)
+  odds = jnp.stack([q1, q3], axis=-1)
+  words = jnp.stack([evens, odds], axis=-1).reshape(*q0.shape[:-1], GROUP * q0.shape[-1])
+  return words < level
 
 
 def keep_mask_array(key, shape: tuple[int, ...], keep: float, per_hash: int):
