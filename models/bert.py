@@ -59,8 +59,7 @@ class BertEncoder(nn.Module):
       + jnp.take(positions, position_ids_BxL, axis=0).astype(self.dtype)
     )
     x = nn.LayerNorm(epsilon=LN_EPS, dtype=self.dtype, name='embeddings_norm')(x)
-    draw = dropout_layers.draw_of(cfg)
-    x = dropout_layers.layer(cfg['dropout'], draw, not train)(x)
+    x = dropout_layers.layer(cfg['dropout'], cfg['dropout_draw'], not train)(x)
     valid = tokens_BxL != PAD
     mask = nn.make_attention_mask(valid, valid)
     for i in range(cfg['layers']):
@@ -70,7 +69,7 @@ class BertEncoder(nn.Module):
         dropout=cfg['dropout'],
         attention_dropout=cfg['dropout'],
         attention_probs=cfg['attention_probs'],
-        dropout_draw=draw,
+        dropout_draw=cfg['dropout_draw'],
         activation=gelu,
         ln_eps=LN_EPS,
         dtype=self.dtype,
@@ -198,6 +197,7 @@ BERT_BASE_CONFIG = dict(
   type_vocab=2,
   dropout=0.1,
   attention_probs='auto',  # models/layers/attention.PROBS
+  dropout_draw='grouped',  # models/layers/dropout.DRAWS: four keep decisions a hash
   seq_len=128,
   masked=20,
   lr=1e-4,
@@ -250,13 +250,12 @@ BERT_BASE = wl.Workload(
   config=BERT_BASE_CONFIG,
   tiny=BERT_TINY,
   spec=ENCODER_SPEC,
-  optional=dropout_layers.OPTIONAL,
   check=check_pretraining,
   trainer=wl.supervised(
     lambda cfg, dtype: BertPretraining(cfg, dtype), make_batch, pretraining_loss, adamw
   ),
   flops_per_example=pretraining_flops,
-  revision=8,
+  revision=9,
 )
 
 
@@ -346,9 +345,8 @@ BERT_SQUAD = wl.Workload(
   config=BERT_SQUAD_CONFIG,
   tiny=BERT_SQUAD_TINY,
   spec=ENCODER_SPEC,
-  optional=dropout_layers.OPTIONAL,
   check=check_squad,
   trainer=wl.supervised(lambda cfg, dtype: BertSquad(cfg, dtype), squad_batch, squad_loss, adamw),
   flops_per_example=squad_flops,
-  revision=7,
+  revision=8,
 )

@@ -94,15 +94,14 @@ class TransformerBig(nn.Module):
       dtype=self.dtype,
       name='shared_embedding',
     )
-    draw = dropout_layers.draw_of(cfg)
-    drop = dropout_layers.layer(cfg['dropout'], draw, not train)
+    drop = dropout_layers.layer(cfg['dropout'], cfg['dropout_draw'], not train)
     layer = functools.partial(
       PostLNLayer,
       heads=cfg['heads'],
       ffn=cfg['ffn'],
       dropout=cfg['dropout'],
       attention_probs=cfg['attention_probs'],
-      dropout_draw=draw,
+      dropout_draw=cfg['dropout_draw'],
       dtype=self.dtype,
     )
 
@@ -227,6 +226,7 @@ TRANSFORMER_BIG = wl.Workload(
     decoder_layers=6,
     dropout=0.3,
     attention_probs='auto',  # models/layers/attention.PROBS: fused under fp16 and bf16 on a GPU
+    dropout_draw='grouped',  # models/layers/dropout.DRAWS: four keep decisions a hash
     label_smoothing=0.1,
     lr=1e-3,
     warmup=4000,
@@ -255,7 +255,6 @@ TRANSFORMER_BIG = wl.Workload(
     attention_probs=wl.Key(choices=attention_layers.PROBS),
     dropout_draw=wl.Key(choices=dropout_layers.DRAWS),
   ),
-  optional=dropout_layers.OPTIONAL,
   check=check,
   trainer=trainer,
   flops_per_example=flops_per_example,
@@ -267,5 +266,5 @@ TRANSFORMER_BIG = wl.Workload(
   # tensor cores want: at 30 tokens a sentence, another count pads every fp16 and bf16 matrix
   # product's token dimension to a multiple of 8 (XLA's cuBLAS padding), a copy of each operand.
   batch_multiple=8,
-  revision=6,
+  revision=7,
 )

@@ -219,22 +219,13 @@ class Workload:
   # What the keys must satisfy together (heads divide the width, ...): the broken constraint
   # in words, or None. resolve checks it after each key alone.
   check: Callable[[Config], str | None] = _no_check
-  # Keys --set takes that the configuration holds only when set away from the value given here:
-  # each came after results were recorded, and at that value the program is the one they ran, so
-  # their recorded configurations are still today's (the report, hints and a sweep compare them).
-  # The model reads such a key with .get(key, value).
-  optional: Config = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     object.__setattr__(self, 'config', types.MappingProxyType(dict(self.config)))
     object.__setattr__(self, 'tiny', types.MappingProxyType(dict(self.tiny)))
-    object.__setattr__(self, 'optional', types.MappingProxyType(dict(self.optional)))
-    both = set(self.config) & set(self.optional)
-    if both:
-      raise ValueError(f'{self.name}: optional keys {sorted(both)} are also in its config')
     for what, keys, known in (
       ('tiny preset', self.tiny, self.config),
-      ('spec', self.spec, {**self.config, **self.optional}),
+      ('spec', self.spec, self.config),
     ):
       unknown = set(keys) - set(known)
       if unknown:
@@ -250,20 +241,16 @@ class Workload:
     if tiny:
       cfg.update(self.tiny)
     overrides = dict(overrides or {})
-    defaults = {**self.config, **self.optional}
     for key, value in overrides.items():
-      if key not in defaults:
-        keys = ', '.join(sorted(defaults))
+      if key not in self.config:
+        keys = ', '.join(sorted(self.config))
         raise ValueError(f'{self.name} has no config key {key!r}; keys: {keys}')
       cfg[key] = value
     for key, value in cfg.items():
       try:
-        cfg[key] = parse(defaults[key], self.spec.get(key, Key()), value)
+        cfg[key] = parse(self.config[key], self.spec.get(key, Key()), value)
       except ValueError as e:
         raise ValueError(f'{self.name}: {key} {e}, got {_text(value)}') from None
-    for key, value in self.optional.items():
-      if cfg.get(key) == value:
-        del cfg[key]
     problem = self.check(cfg)
     if problem:
       given = ', '.join(f'{k}={_text(v)}' for k, v in overrides.items())

@@ -10,13 +10,8 @@ from models import registry
 from models import workload as wl
 
 
-def _defaults(w):
-  """Every key --set takes: the configuration's and the optional ones (workload.Workload)."""
-  return {**w.config, **w.optional}
-
-
 def _keys():
-  return [(w.name, key) for w in registry.all_workloads() for key in sorted(_defaults(w))]
+  return [(w.name, key) for w in registry.all_workloads() for key in sorted(w.config)]
 
 
 def _scalar(default):
@@ -25,7 +20,7 @@ def _scalar(default):
 
 def _bad_scalar(w, key):
   """A value of the key's own type that its range refuses."""
-  spec, default = w.spec.get(key, wl.Key()), _scalar(_defaults(w)[key])
+  spec, default = w.spec.get(key, wl.Key()), _scalar(w.config[key])
   if spec.choices:
     return 'not_a_choice' if isinstance(default, str) else max(spec.choices) + 1
   if spec.above is not None:
@@ -61,7 +56,7 @@ def _one_line_naming(e, name, key, value):
 @pytest.mark.parametrize('name, key', _keys())
 def test_a_wrong_type_names_the_key(name, key):
   w = registry.get(name)
-  value = _wrong_type(_defaults(w)[key])
+  value = _wrong_type(w.config[key])
   if value is None:  # a string key: its range is its choices
     assert w.spec[key].choices, f'{name}: the string key {key} declares no choices'
     return
@@ -73,7 +68,7 @@ def test_a_wrong_type_names_the_key(name, key):
 @pytest.mark.parametrize('name, key', _keys())
 def test_a_value_out_of_range_names_the_key(name, key):
   w = registry.get(name)
-  value = _text(_defaults(w)[key], _bad_scalar(w, key))
+  value = _text(w.config[key], _bad_scalar(w, key))
   for tiny in (False, True):
     with pytest.raises(ValueError) as e:
       w.resolve(tiny=tiny, overrides={key: value})
@@ -219,33 +214,3 @@ def test_values_at_the_edges_build_and_step(name, overrides):
   batch = jax.eval_shape(lambda r: trainer.make_batch(r, w.example_size(cfg)), jax.random.key(1))
   _, metrics = jax.eval_shape(trainer.step, state, batch, jax.random.key(2))
   assert metrics['loss'].shape == ()
-
-
-def _toy(**kw):
-  return wl.Workload(
-    name='toy',
-    description='',
-    unit='examples',
-    throughput_unit='examples/s',
-    config=dict(width=8),
-    tiny={},
-    trainer=None,
-    flops_per_example=None,
-    **kw,
-  )
-
-
-def test_an_optional_key_is_in_the_configuration_only_away_from_its_value():
-  w = _toy(optional=dict(draw='plain'), spec=dict(draw=wl.Key(choices=('plain', 'fancy'))))
-  assert w.resolve() == {'width': 8}
-  assert w.resolve(overrides={'draw': 'plain'}) == {'width': 8}
-  assert w.resolve(overrides={'draw': 'fancy'}) == {'width': 8, 'draw': 'fancy'}
-  with pytest.raises(ValueError, match='toy: draw must be one of plain, fancy, got odd'):
-    w.resolve(overrides={'draw': 'odd'})
-  with pytest.raises(ValueError, match="no config key 'depth'; keys: draw, width"):
-    w.resolve(overrides={'depth': '2'})
-
-
-def test_an_optional_key_may_not_also_be_a_config_key():
-  with pytest.raises(ValueError, match=r"optional keys \['width'\] are also in its config"):
-    _toy(optional=dict(width=8))

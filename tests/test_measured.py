@@ -38,7 +38,6 @@ class Toy:
   spec: dict = dataclasses.field(
     default_factory=lambda: {'resample': wl.Key(choices=('phases', 'shifts'))}
   )
-  optional: dict = dataclasses.field(default_factory=dict)
   check = staticmethod(lambda cfg: None)
   resolve = wl.Workload.resolve
 

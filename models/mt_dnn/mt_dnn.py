@@ -14,7 +14,6 @@ import optax
 
 from models import bert
 from models import workload as wl
-from models.layers import dropout as dropout_layers
 from models.mt_dnn.adamax import scale_by_mtdnn_adamax
 from models.mt_dnn.san import SanClassifier, head_init
 
@@ -279,6 +278,7 @@ MT_DNN_CONFIG = dict(
   type_vocab=2,
   dropout=0.1,
   attention_probs='auto',  # models/layers/attention.PROBS
+  dropout_draw='grouped',  # models/layers/dropout.DRAWS, of the encoder; the task heads' Bernoulli
   seq_len=512,
   turns=5,
   mem_drop=0.1,
@@ -306,10 +306,9 @@ MT_DNN = wl.Workload(
   tiny=MT_DNN_TINY,
   # warmup: the fraction of total_steps.
   spec=dict(bert.ENCODER_SPEC, mem_drop=wl.FRACTION, warmup=wl.PROBABILITY),
-  optional=dropout_layers.OPTIONAL,  # the encoder's dropouts; the task heads' stay Bernoulli
   check=bert.check_encoder,
   trainer=trainer,
   flops_per_example=flops_per_example,
   units_per_example=lambda cfg: len(TASKS),
-  revision=7,
+  revision=8,
 )

@@ -51,6 +51,10 @@ def test_one_cycle_updates_every_head_and_reports_every_task():
   assert int(new_state.step) == 1
   for task in mt_dnn.TASKS:
     old, new = state.params[f'heads_{task.name}'], new_state.params[f'heads_{task.name}']
+    # The reference's nn.Linear(H, 1) bias adds one number to every score of a softmax, which
+    # the softmax does not see: its gradient is zero but for rounding, and Adam may or may not
+    # move it. Every other parameter of the head has a gradient of its own.
+    old, new = ({k: v for k, v in p.items() if k != 'query_bias'} for p in (old, new))
     changed = jax.tree.map(lambda a, b: bool(jnp.any(a != b)), old, new)
     assert all(jax.tree.leaves(changed)), (task.name, changed)
     assert np.isfinite(float(metrics[f'{task.name}_loss']))
