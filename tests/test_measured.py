@@ -96,6 +96,15 @@ def test_a_run_of_todays_program_has_no_label_and_a_command_without_sets(toy):
   assert '--precision=bf16 --search_tolerance=0 --warmup' in commands.command_of(exact)
 
 
+def test_a_fixed_batch_that_did_not_finish_gets_the_batch_it_was_asked_for(toy):
+  trial = {'batch': 8, 'examples': 8, 'outcome': 'unfinished'}
+  r = _run(status='interrupted', max_batch=0, max_examples=0, measurement=None)
+  r['search'] = {'mode': 'fixed', 'trials': [trial]}
+  assert commands.command_of(r).endswith('--precision=bf16 --batch_size=8')
+  r['parallel'] = {'global_devices': 2, 'local_devices': 2}
+  assert commands.command_of(r).endswith('--devices=2 --batch_size=16')
+
+
 def test_a_run_under_another_prng_gets_the_variable_that_chose_it(toy):
   assert commands.command_of(_run(prng_impl='threefry2x32')) == commands.command_of(_run())
   command = commands.command_of(_run(prng_impl='unsafe_rbg'))
@@ -226,7 +235,10 @@ def test_each_kept_results_command_parses_to_what_its_run_did():
         limit = r['memory']['limit_bytes']
         assert args.memory_limit_gb == (None if limit is None else pytest.approx(limit / 1e9))
       fixed = s['mode'] == 'fixed'
-      assert o.batch_size == (r['max_batch'] if fixed else None)
+      asked = s['trials'][0]['batch'] if fixed else None  # kept by a run that did not finish
+      assert o.batch_size == asked
+      if fixed and r['status'] == 'ok':
+        assert asked == r['max_batch']
       if not fixed:
         assert o.search_tolerance == (s.get('tolerance') or 0.0)
       assert args.autotune_level == records.autotune_level(r)

@@ -112,6 +112,13 @@ def earlier_form(r: dict[str, Any]) -> str | None:
   return 'earlier form: ' + '; '.join(parts) if parts else None
 
 
+def fixed_batch(r: dict[str, Any]) -> int:
+  """The batch a --batch_size run was asked for, per device, in the workload's unit: its one
+  trial's, kept whether or not the batch fitted or ran to the end (max_batch is 0 then)."""
+  trials = (r.get('search') or {}).get('trials') or []
+  return trials[0]['batch'] if trials else r['max_batch']
+
+
 def command_of(r: dict[str, Any]) -> str:
   """The python -m jaxbench.main command that reproduces a result, from its fields: workload,
   precision, preset, config (--set), memory, batch, timing, search and compiler settings.
@@ -154,8 +161,8 @@ def command_of(r: dict[str, Any]) -> str:
     args.append('--shard_optimizer')
   if par.get('scaling'):
     args.append('--scaling')
-  if search.get('mode') == 'fixed':  # --batch_size is the global batch; max_batch is per device
-    args.append(f'--batch_size={r["max_batch"] * par.get("global_devices", 1)}')
+  if search.get('mode') == 'fixed':  # --batch_size is the global batch; a trial's is per device
+    args.append(f'--batch_size={fixed_batch(r) * par.get("global_devices", 1)}')
   if search.get('capped'):
     args.append(f'--max_examples={r["max_examples"]}')
   tolerance = search.get('tolerance') or 0.0
