@@ -112,7 +112,7 @@ def earlier_form(r: dict[str, Any]) -> str | None:
   return 'earlier form: ' + '; '.join(parts) if parts else None
 
 
-def fixed_batch(r: dict[str, Any]) -> int:
+def _fixed_batch(r: dict[str, Any]) -> int:
   """The batch a --batch_size run was asked for, per device, in the workload's unit: its one
   trial's, kept whether or not the batch fitted or ran to the end (max_batch is 0 then)."""
   trials = (r.get('search') or {}).get('trials') or []
@@ -162,7 +162,7 @@ def command_of(r: dict[str, Any]) -> str:
   if par.get('scaling'):
     args.append('--scaling')
   if search.get('mode') == 'fixed':  # --batch_size is the global batch; a trial's is per device
-    args.append(f'--batch_size={fixed_batch(r) * par.get("global_devices", 1)}')
+    args.append(f'--batch_size={_fixed_batch(r) * par.get("global_devices", 1)}')
   if search.get('capped'):
     args.append(f'--max_examples={r["max_examples"]}')
   tolerance = search.get('tolerance') or 0.0

@@ -48,19 +48,13 @@ def grouped_keep_mask(key, shape: tuple[int, ...], keep: float):
   keeps a byte for four decisions, where jax.random.bernoulli's masks keep one for each. One
   counter, not a row's and a column's: XLA would hoist the hash's first steps on a column counter
   out of the rows, in kernels of their own."""
-  *lead, length = shape
-  rows, width = 1, -(-length // threefry_bits.GROUP)
-  for d in lead:
-    rows *= d
-  if rows * width >= 2**32:
-    raise ValueError(f'{shape}: {rows * width:,} counters, more than 32 bits number')
   k0, k1 = _hash_key(key)
-  counter = lax.iota(jnp.uint32, rows * width).reshape(*lead, width)
+  counter = threefry_bits.flat_counters(shape, threefry_bits.GROUP)
   quarters, level = threefry_bits.grouped_hash(k0, k1, jnp.zeros_like(counter), counter, keep)
   packed = sum((q < level).astype(jnp.uint8) << jnp.uint8(i) for i, q in enumerate(quarters))
   which = lax.broadcasted_iota(jnp.uint8, (*[1] * len(shape), threefry_bits.GROUP), len(shape))
   decided = (packed[..., None] >> which) & jnp.uint8(1) == 1
-  return decided.reshape(*lead, -1)[..., :length]
+  return decided.reshape(*shape[:-1], -1)[..., : shape[-1]]
 
 
 def drop_grouped(x, key, rate: float):

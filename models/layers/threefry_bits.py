@@ -77,6 +77,17 @@ def keep_mask_grouped(k0, k1, hi, lo, keep: float):
   return words < level
 
 
+def flat_counters(shape: tuple[int, ...], per_hash: int):
+  """The counters of an array [..., L] drawn per_hash decisions a hash: ceil(L / per_hash) a row,
+  numbered across the rows flattened, as uint32 [..., ceil(L / per_hash)] (computed, not a
+  constant). Refuses an array whose counters a 32-bit word does not number."""
+  *lead, length = shape
+  rows, width = math.prod(lead), -(-length // per_hash)
+  if rows * width >= 2**32:
+    raise ValueError(f'{rows * width:,} counters: more than a 32-bit flat index holds')
+  return lax.iota(jnp.uint32, rows * width).reshape(*lead, width)
+
+
 def keep_mask_array(key, shape: tuple[int, ...], keep: float, per_hash: int):
   """The decisions of a whole [..., L] array as the kernels draw them: per_hash 1, one hash per
   element of the flat index (jax.random.bernoulli(key, keep, shape)); per_hash 4 (GROUP),
@@ -85,11 +96,6 @@ def keep_mask_array(key, shape: tuple[int, ...], keep: float, per_hash: int):
   if per_hash not in (1, GROUP):
     raise ValueError(f'decisions per hash must be 1 or {GROUP}, got {per_hash}')
   k0, k1 = jax.random.key_data(key).astype(jnp.uint32)
-  *lead, length = shape
-  rows, width = math.prod(lead), -(-length // per_hash)
-  if rows * width >= 2**32:
-    raise ValueError(f'{rows * width:,} counters: more than a 32-bit flat index holds')
-  lo = lax.iota(jnp.uint32, rows * width).reshape(rows, width)  # computed, not a constant
-  hi = jnp.zeros_like(lo)
+  lo = flat_counters(shape, per_hash)
   draw = keep_mask if per_hash == 1 else keep_mask_grouped
-  return draw(k0, k1, hi, lo, keep)[:, :length].reshape(shape)
+  return draw(k0, k1, jnp.zeros_like(lo), lo, keep)[..., : shape[-1]]
