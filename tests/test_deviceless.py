@@ -11,6 +11,7 @@ import pytest
 from jaxbench.cards import deviceless, emulation
 from jaxbench.core import program as prog
 from models import precision, registry
+from models.layers import attention
 from tests import test_catalog
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,19 +125,33 @@ def test_a_step_compiles_for_the_h200_without_one():
   assert info['deviceless'] and info['kind'] == 'NVIDIA H200' and info['platform'] == 'gpu'
 
 
-def test_auto_attention_compiled_for_a_gpu_is_the_fused_kernels():
-  """attention_probs='auto' under bf16 is chosen as the program is lowered: Triton kernels in one
-  compiled for the H200 from this CPU (XLA's attention in one compiled for the CPU: see
+@pytest.mark.parametrize(
+  'policy, seq_len, fused',
+  [
+    ('bf16', 16, True),
+    ('tf32', attention.TF32_FUSED_MIN_KEYS, True),
+    ('tf32', attention.TF32_FUSED_MIN_KEYS // 2, False),
+    ('fp32', attention.TF32_FUSED_MIN_KEYS, False),
+  ],
+)
+def test_auto_attention_compiled_for_a_gpu_follows_the_policy(policy, seq_len, fused):
+  """attention_probs='auto' is chosen as the program is lowered, under the policy's compute dtype
+  and matrix-product precision and the keys' length: the fused kernels (Triton) in a bf16 program
+  compiled for the H200 from this CPU and in a tf32 one with long enough keys, XLA's saved
+  attention in an fp32 one and a tf32 one with short keys (and in any compiled for the CPU: see
   tests/models/test_fused_attention.py)."""
   target = _cuda_target_or_skip()
   w = registry.get('bert_base')
 
   def triton_kernels(probs):
-    cfg = w.resolve(tiny=True, overrides={'attention_probs': probs})
-    on_gpu = prog.Program(w, cfg, precision.get('bf16'), target=target)
+    cfg = w.resolve(
+      tiny=True, overrides={'attention_probs': probs, 'seq_len': seq_len, 'max_positions': seq_len}
+    )
+    on_gpu = prog.Program(w, cfg, precision.get(policy), target=target)
     return on_gpu.compile(2).executable.as_text().count('__gpu$xla.gpu.triton')
 
-  assert triton_kernels('auto') == triton_kernels('fused') > 0 == triton_kernels('saved')
+  auto, saved = triton_kernels('auto'), triton_kernels('saved')
+  assert auto > saved if fused else auto == saved
 
 
 def test_the_report_tells_deviceless_predictions_apart():

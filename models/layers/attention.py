@@ -15,14 +15,22 @@ from models.layers import fused_attention
 # arrays again in the backward pass (XLA's kernels under jax.checkpoint); 'fused' computes the
 # attention in fused kernels that keep only the dropout mask, a byte a probability, and
 # recompute the rest in their backward pass, as PyTorch's scaled_dot_product_attention does
-# (fused_attention.py); 'auto' is 'fused' under a 16-bit compute dtype in a program compiled
-# for a GPU, where it is the faster on an H200, and 'saved' under float32, where it is not
-# (docs/performance.md), and on a CPU, where the fused kernels run in Pallas' interpreter.
+# (fused_attention.py); 'auto' is 'fused' in a program compiled for a GPU under a 16-bit compute
+# dtype, and under float32 with TF32 products where the keys are at least TF32_FUSED_MIN_KEYS
+# long, where it is the faster (docs/performance.md); 'saved' under TF32 for shorter keys, under
+# full float32 products, where the kernels' own are 3x slower, and on a CPU, where the fused
+# kernels run in Pallas' interpreter.
 # 'saved' and 'recomputed' give the same values from the same random bits (jax.random.bernoulli's);
 # the fused kernels draw four decisions a hash by default, kept at the nearest multiple of 2**-16
 # to the rate's complement (fused_attention.DECISIONS_PER_HASH; decisions_per_hash=1 gives
 # jax.random.bernoulli's).
 PROBS = ('saved', 'recomputed', 'fused', 'auto')
+
+# Under TF32 the fused kernels keep a layer's L x L arrays out of memory at the cost of products
+# smaller than cuBLAS's: in the whole step they ran 1.04x the saved attention at BERT's 128 and 384
+# positions, and 0.98x at transformer_big's 30-token sentences (docs/performance.md, "Fused
+# attention in tf32, the whole step"). 'auto' takes them from this many keys.
+TF32_FUSED_MIN_KEYS = 128
 
 
 def recomputed_attention(
@@ -102,21 +110,63 @@ def fused_on_gpu_attention(
   )
 
 
+def fused_on_a_gpu_for_long_keys_attention(
+  query,
+  key,
+  value,
+  bias=None,
+  mask=None,
+  broadcast_dropout: bool = True,
+  dropout_rng=None,
+  dropout_rate: float = 0.0,
+  deterministic: bool = False,
+  dtype=None,
+  precision=None,
+  force_fp32_for_softmax: bool = False,
+):
+  """'auto' under TF32: fused_on_gpu_attention for keys ([..., L, heads, depth]) of at least
+  TF32_FUSED_MIN_KEYS, nn.dot_product_attention for shorter ones; the shapes are static, so the
+  choice is made as the program is traced."""
+  long_keys = key.shape[-3] >= TF32_FUSED_MIN_KEYS
+  attend = fused_on_gpu_attention if long_keys else nn.dot_product_attention
+  return attend(
+    query,
+    key,
+    value,
+    bias,
+    mask,
+    broadcast_dropout=broadcast_dropout,
+    dropout_rng=dropout_rng,
+    dropout_rate=dropout_rate,
+    deterministic=deterministic,
+    dtype=dtype,
+    precision=precision,
+    force_fp32_for_softmax=force_fp32_for_softmax,
+  )
+
+
 _ATTENTION_FN = {
   'saved': nn.dot_product_attention,
   'recomputed': recomputed_attention,
   'fused': fused_attention.dot_product_attention,
   'fused on a GPU': fused_on_gpu_attention,
+  'fused on a GPU for long keys': fused_on_a_gpu_for_long_keys_attention,
 }
 
 
 def attention_fn(probs: str, dtype: Any = jnp.float32):
   """The attention function of one of PROBS, with Flax's dot_product_attention signature; 'auto'
-  is resolved for the compute dtype."""
+  is resolved for the compute dtype and the matrix-product precision in force (the policy's,
+  set while a step is traced)."""
   if probs not in PROBS:
     raise ValueError(f'attention probs must be one of {", ".join(PROBS)}, got {probs!r}')
   if probs == 'auto':
-    probs = 'fused on a GPU' if jnp.dtype(dtype).itemsize == 2 else 'saved'
+    if jnp.dtype(dtype).itemsize == 2:
+      probs = 'fused on a GPU'
+    elif fused_attention.tf32_products():
+      probs = 'fused on a GPU for long keys'
+    else:
+      probs = 'saved'
   return _ATTENTION_FN[probs]
 
 

@@ -44,6 +44,13 @@ from models.layers import threefry_bits
 from models.layers.fused_attention_kernels import Spec
 
 
+def tf32_products() -> bool:
+  """Whether float32 matrix products run in TF32 on the tensor cores: the matrix-product precision
+  in force (jax.default_matmul_precision, the policy's while a step is traced) is other than full
+  float32. The GPU's default, with none set, is TF32."""
+  return jax.config.jax_default_matmul_precision not in ('float32', 'highest')
+
+
 def default_blocks(dtype, k_len: int, tf32: bool = True) -> dict:
   """The kernels' tiles and warps, for BERT's shapes ([B, L, 12, 64] at L 128 and 384). A float32
   tile of 128 x 128 with several key blocks needs more shared memory than an H200 has. Products
@@ -334,7 +341,7 @@ def dot_product_attention(
   if mask is None:
     mask = jnp.ones((batch, 1, lq, lk), jnp.int8)
   mask = jnp.broadcast_to(mask, (batch, mask.shape[1], lq, lk)).astype(jnp.int8)
-  tf32 = jax.config.jax_default_matmul_precision != 'float32'
+  tf32 = tf32_products()
   blocks = {**default_blocks(query.dtype, lk, tf32), **(blocks or {})}
   bq, bk = _block(lq, blocks['block_q']), _block(lk, blocks['block_k'])
   bb = _block(min(lq, lk), blocks['block_bwd'])

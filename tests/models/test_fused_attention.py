@@ -235,9 +235,22 @@ def test_what_the_kernels_cannot_compute_is_refused(kwargs, message):
     fused_attention.dot_product_attention(q, q, q, **kwargs)
 
 
-@pytest.mark.parametrize('dtype, form', [(jnp.bfloat16, 'fused on a GPU'), (jnp.float32, 'saved')])
-def test_auto_is_fused_on_a_gpu_under_16_bits_and_saved_under_float32(dtype, form):
-  module = attention.multi_head(2, 0.1, True, dtype=dtype, probs='auto')
+@pytest.mark.parametrize(
+  'dtype, products, form',
+  [
+    (jnp.bfloat16, 'default', 'fused on a GPU'),
+    (jnp.float16, 'default', 'fused on a GPU'),
+    (jnp.float32, 'tensorfloat32', 'fused on a GPU for long keys'),
+    (jnp.float32, 'float32', 'saved'),
+    (jnp.float32, 'highest', 'saved'),
+  ],
+)
+def test_auto_is_fused_where_the_products_run_on_tensor_cores(dtype, products, form):
+  """16-bit compute: the fused kernels; float32 with TF32 products (the tf32 policy): the fused
+  kernels for long keys; full float32 products, where the kernels' own run on the CUDA cores:
+  XLA's attention, saved."""
+  with jax.default_matmul_precision(products):
+    module = attention.multi_head(2, 0.1, True, dtype=dtype, probs='auto')
   assert module.attention_fn is attention._ATTENTION_FN[form]
 
 
