@@ -47,9 +47,31 @@ def test_only_the_same_program_compiler_and_device_count(tmp_path):
   path.write_text('\n'.join(lines) + '\n{"cut short')
   # The run asking differs only in its memory pool (another budget), which forecasts ignore.
   head = _record(device={'platform': 'gpu', 'kind': 'NVIDIA H200', 'pool_bytes': 142606336000})
-  peaks, matched = hints.load([str(path)], head)
-  assert matched == 1
-  assert peaks == {1: 1480, 188: 23906}
+  assert hints.load([str(path)], head) == ({1: 1480, 188: 23906}, 1, [])
+
+
+def test_another_jaxs_forecasts_aim_only_where_this_ones_are_missing(tmp_path):
+  """A compile-only prediction made with another JAX (a CPU's) aims a search on the GPU, and says
+  so in the search's record; it never stands in for a compile (decided, forecasts)."""
+  path = tmp_path / 'earlier.jsonl'
+  older = _record(
+    jax_version='0.10.2',
+    device={'platform': 'gpu', 'kind': 'NVIDIA H200', 'pool_bytes': None, 'deviceless': True},
+    search={'trials': [{'examples': 150, 'predicted_peak_bytes': 19000, 'outcome': 'fits'}]},
+  )
+  path.write_text(json.dumps(older) + '\n')
+  head = _record(search={})
+  peaks, matched, versions = hints.load([str(path)], head)
+  assert (peaks, matched, versions) == ({150: 19000}, 1, ['0.10.2'])
+  assert hints.summary([str(path)], matched, peaks, versions)['jax_versions'] == ['0.10.2']
+  assert hints.decided([str(path)], head, 24 * 10**9) == []
+  assert hints.forecasts([str(path)], {**head, 'device': older['device']}) == {}
+  # With a result of this JAX's own, the other version's are not read.
+  path.write_text(json.dumps(older) + '\n' + json.dumps(_record()) + '\n')
+  assert hints.load([str(path)], head) == ({1: 1480, 188: 23906}, 1, [])
+  assert 'jax_versions' not in hints.summary([str(path)], 1, {1: 1480}, [])
+  # Another program under another JAX aims nothing.
+  assert hints.load([str(path)], _record(precision='bf16'))[1] == 0
 
 
 def test_a_record_without_a_prng_used_jaxs_default(tmp_path):
@@ -60,7 +82,7 @@ def test_a_record_without_a_prng_used_jaxs_default(tmp_path):
 
 
 def test_no_files_no_hints():
-  assert hints.load([], _record()) == ({}, 0)
+  assert hints.load([], _record()) == ({}, 0, [])
 
 
 def test_results_from_before_revisions_count_as_revision_one(tmp_path):
@@ -94,7 +116,7 @@ def test_a_cache_location_is_not_a_compiler_setting(tmp_path):
     + json.dumps(_record(xla_flags=cached + ' --xla_gpu_autotune_level=0'))  # another setting
     + '\n'
   )
-  assert hints.load([str(path)], _record()) == ({1: 1480, 188: 23906}, 1)
+  assert hints.load([str(path)], _record()) == ({1: 1480, 188: 23906}, 1, [])
   assert hints.compiler_flags(cached) == '--xla_disable_hlo_passes=rematerialization'
 
 
@@ -234,7 +256,7 @@ def test_lines_that_are_not_results_are_reported_once_and_skipped(tmp_path, caps
     {k: v for k, v in _record().items() if k != 'status'},
   ]
   path.write_text('\n'.join(json.dumps(r) for r in [*bad, _record()]) + '\n')
-  peaks, matched = hints.load([str(path)], _record())
+  peaks, matched, _ = hints.load([str(path)], _record())
   assert matched == 1 and peaks == {1: 1480, 188: 23906}
   assert hints.forecasts([str(path)], _record())[188][0] == 23906
   err = capsys.readouterr().err.splitlines()
@@ -248,5 +270,5 @@ def test_lines_that_are_not_results_are_reported_once_and_skipped(tmp_path, caps
 def test_a_file_that_is_not_a_store_is_reported_not_ignored(tmp_path, capsys):
   path = tmp_path / 'weights.bin'
   path.write_bytes(bytes(range(256)))
-  assert hints.load([str(path)], _record()) == ({}, 0)
+  assert hints.load([str(path)], _record()) == ({}, 0, [])
   assert capsys.readouterr().err.startswith(f'warning: {path}:1: not JSON; skipped')

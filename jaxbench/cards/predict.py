@@ -86,7 +86,7 @@ def predict(
     **run_record.identity(w, cfg, policy, opts.tiny, dev),
     'params': program.param_counts(),
   }
-  peaks, matched = hints.load(opts.search_hints, header)
+  peaks, matched, other_jax = hints.load(opts.search_hints, header)
   earlier = hints.forecasts(opts.search_hints, header) if opts.search_resume else {}
 
   def record(card: _Card, found: search.Result | None) -> dict[str, Any]:
@@ -107,7 +107,7 @@ def predict(
       },
       'search': {
         'mode': 'predict',
-        'hints': {'files': list(opts.search_hints), 'results': matched, 'points': len(peaks)},
+        'hints': hints.summary(opts.search_hints, matched, peaks, other_jax),
         'trials': [dataclasses.asdict(t) for t in done],
         'seconds': None if found is None else round(time.perf_counter() - card.start, 2),
         'compiles': memo.compiles - card.compiles,

@@ -97,11 +97,11 @@ def _search(r: _Run) -> search.Result:
   """The max-batch search: aimed by --search_hints, from the trials --search_resume takes, by
   compile-only probes first with --probe_autotune_level."""
   opts = r.opts
-  peaks, matched = hints.load(opts.search_hints, r.result)
+  peaks, matched, other_jax = hints.load(opts.search_hints, r.result)
   r.result['search'] = {
     'mode': 'search',
     'tolerance': opts.search_tolerance,
-    'hints': {'files': list(opts.search_hints), 'results': matched, 'points': len(peaks)},
+    'hints': hints.summary(opts.search_hints, matched, peaks, other_jax),
     'run_every_fit': opts.run_every_fit,
   }
   known = _resumed(r) if opts.search_resume else []

@@ -50,11 +50,12 @@ def compiler_flags(xla_flags: str | None) -> str:
   return ' '.join(f for f in (xla_flags or '').split() if not _CACHE_FLAG.match(f))
 
 
-def program_key(r: dict[str, Any]) -> str:
+def program_key(r: dict[str, Any], any_jax: bool = False) -> str:
   """What decides a result's compile-time forecasts, as one comparable string: its program and
   compiler (_SAME, the workload revision, the configuration, the XLA flags without cache
-  locations, the PRNG implementation) and its device kind. The memory cap is not in it."""
-  fields = {k: r.get(k) for k in _SAME}
+  locations, the PRNG implementation) and its device kind. The memory cap is not in it; nor,
+  with `any_jax`, the JAX version."""
+  fields = {k: r.get(k) for k in _SAME if not (any_jax and k == 'jax_version')}
   fields['revision'] = store.revision(r)
   fields['xla_flags'] = compiler_flags(r.get('xla_flags'))
   fields['prng_impl'] = records.prng_impl(r)  # another PRNG's draws, another step
@@ -69,31 +70,55 @@ def program_key(r: dict[str, Any]) -> str:
 _reported: set[str] = set()  # the warnings already printed: a run reads its hints several times
 
 
-def _same_program(paths: Iterable[str], head: dict[str, Any]) -> Iterator[dict[str, Any]]:
-  """The records in `paths`, in order, of the program `head` compiles (program_key). A line
-  that is not a result is reported once on stderr and skipped (store.read)."""
-  want = program_key(head)
+def _same_program(
+  paths: Iterable[str], head: dict[str, Any], any_jax: bool = False
+) -> Iterator[dict[str, Any]]:
+  """The records in `paths`, in order, of the program `head` compiles (program_key; with
+  `any_jax`, under any JAX version). A line that is not a result is reported once on stderr and
+  skipped (store.read)."""
+  want = program_key(head, any_jax)
   for path in paths:
     found, warning = store.read(path)
     if warning and warning not in _reported:
       _reported.add(warning)
       print(warning, file=sys.stderr, flush=True)
-    yield from (r for r in found if program_key(r) == want)
+    yield from (r for r in found if program_key(r, any_jax) == want)
 
 
-def load(paths: Iterable[str], head: dict[str, Any]) -> tuple[dict[int, int], int]:
-  """n -> predicted peak bytes from the matching results in `paths`, and how many matched.
+def load(paths: Iterable[str], head: dict[str, Any]) -> tuple[dict[int, int], int, list[str]]:
+  """n -> predicted peak bytes from the matching results in `paths`, how many matched, and the
+  JAX versions they were compiled by where that is not this run's (else []).
 
   `head` is this run's run_record.identity(...). Later records win where two give the same n.
+  Where no result of this JAX version matches, those of the same program under other versions
+  aim the search: another compiler's forecast is near this one's, not equal to it, and a hint
+  only aims a probe, which compiles; decided() and forecasts(), which stand in for compiles,
+  take this version's only. Compile-only predictions made on a CPU with another JAX than the
+  GPU's so still aim a search on that GPU.
   """
-  peaks: dict[int, int] = {}
-  matched = 0
-  for r in _same_program(paths, head):
-    matched += 1
-    for t in (r.get('search') or {}).get('trials') or []:
-      if t.get('predicted_peak_bytes'):
-        peaks[int(t['examples'])] = int(t['predicted_peak_bytes'])
-  return peaks, matched
+  for any_jax in (False, True):
+    peaks: dict[int, int] = {}
+    matched, versions = 0, set()
+    for r in _same_program(paths, head, any_jax):
+      matched += 1
+      versions.add(str(r.get('jax_version')))
+      for t in (r.get('search') or {}).get('trials') or []:
+        if t.get('predicted_peak_bytes'):
+          peaks[int(t['examples'])] = int(t['predicted_peak_bytes'])
+    if matched:
+      return peaks, matched, sorted(versions) if any_jax else []
+  return {}, 0, []
+
+
+def summary(
+  paths: Iterable[str], matched: int, peaks: dict[int, int], other_jax: list[str]
+) -> dict[str, Any]:
+  """A search record's `hints`: the files read, the results and points that aimed it, and the
+  JAX versions of those results where they are not the run's own."""
+  out: dict[str, Any] = {'files': list(paths), 'results': matched, 'points': len(peaks)}
+  if other_jax:
+    out['jax_versions'] = other_jax
+  return out
 
 
 def _memory(r: dict[str, Any]) -> tuple[Any, Any]:
