@@ -30,7 +30,8 @@ SEARCH_HINTS = flags.DEFINE_list(
   'search_hints',
   [],
   'Result files (JSON Lines, comma-separated) whose trials of the same program aim the search '
-  'with their predicted peaks; the search still compiles and runs both sides of the boundary.',
+  'with their predicted peaks (under another JAX version only where none of this one match); '
+  'the search still compiles and runs both sides of the boundary.',
 )
 SEARCH_RESUME = flags.DEFINE_bool(
   'search_resume',
