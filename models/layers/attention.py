@@ -1,5 +1,6 @@
 """Multi-head attention with dropout on the attention probabilities as BERT and fairseq draw it."""
 
+import inspect
 from typing import Any
 
 import flax.linen as nn
@@ -110,39 +111,18 @@ def fused_on_gpu_attention(
   )
 
 
-def fused_on_a_gpu_for_long_keys_attention(
-  query,
-  key,
-  value,
-  bias=None,
-  mask=None,
-  broadcast_dropout: bool = True,
-  dropout_rng=None,
-  dropout_rate: float = 0.0,
-  deterministic: bool = False,
-  dtype=None,
-  precision=None,
-  force_fp32_for_softmax: bool = False,
-):
+def fused_on_a_gpu_for_long_keys_attention(query, key, value, **kwargs):
   """'auto' under TF32: fused_on_gpu_attention for keys ([..., L, heads, depth]) of at least
   TF32_FUSED_MIN_KEYS, nn.dot_product_attention for shorter ones; the shapes are static, so the
   choice is made as the program is traced."""
   long_keys = key.shape[-3] >= TF32_FUSED_MIN_KEYS
   attend = fused_on_gpu_attention if long_keys else nn.dot_product_attention
-  return attend(
-    query,
-    key,
-    value,
-    bias,
-    mask,
-    broadcast_dropout=broadcast_dropout,
-    dropout_rng=dropout_rng,
-    dropout_rate=dropout_rate,
-    deterministic=deterministic,
-    dtype=dtype,
-    precision=precision,
-    force_fp32_for_softmax=force_fp32_for_softmax,
-  )
+  return attend(query, key, value, **kwargs)
+
+
+# Flax's MultiHeadDotProductAttention passes an attention_fn only the keyword arguments its
+# signature names: this one takes those of the function it may call.
+fused_on_a_gpu_for_long_keys_attention.__signature__ = inspect.signature(fused_on_gpu_attention)
 
 
 _ATTENTION_FN = {
