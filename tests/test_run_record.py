@@ -90,6 +90,14 @@ def test_profile_dir_holds_a_trace_of_the_timed_steps(run):
   assert record['measurement']['profile_dir'] == str(profile)
   traces = glob.glob(str(profile / 'plugins' / 'profile' / '*' / '*.xplane.pb'))
   assert traces and os.path.getsize(traces[0]) > 0
+  # A CPU's trace has no GPU kernels to sum (tests/test_kernel_time.py sums a GPU's).
+  assert record['measurement']['profile'] == {
+    'steps': 2,
+    'kernel_ms_per_step': 0.0,
+    'kernels_per_step': 0,
+    'by_kind': [],
+    'by_op': [],
+  }
 
 
 def test_a_runs_output_renders_into_the_report(run):

@@ -5,7 +5,17 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxbench import cli
-from jaxbench.core import backend, find, init_cache, interrupt, mesh, run_record, scaling, timing
+from jaxbench.core import (
+  backend,
+  find,
+  init_cache,
+  interrupt,
+  kernel_time,
+  mesh,
+  run_record,
+  scaling,
+  timing,
+)
 from jaxbench.core import program as prog
 from jaxbench.core import progress as display
 from models import precision
@@ -121,6 +131,9 @@ def _search_and_time(w, opts, cfg, policy, budget, result, progress, log) -> dic
   m = timing.measure(
     program, found.best, opts.warmup_steps, opts.steps, opts.windows, opts.profile_dir
   )
+  if m.profile is not None:
+    for line in kernel_time.lines(w.name, m.profile):
+      log(line)
   result['parallel']['global_batch'] = m.examples * program.devices * w.example_size(cfg)
   result['measurement'] = run_record.measurement(w, cfg, m, found.best, program.devices)
   if not m.finite:

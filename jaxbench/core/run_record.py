@@ -164,6 +164,7 @@ def measurement(
     'compile_s': best.compile_s,
     'compile_cached': best.cached,  # compile_s was a load from the compilation cache
     'profile_dir': m.profile_dir,
+    'profile': m.profile,  # the traced window's GPU time per step, with --profile_dir
   }
 
 

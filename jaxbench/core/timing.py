@@ -7,6 +7,7 @@ import time
 import jax
 import numpy as np
 
+from jaxbench.core import kernel_time, traffic
 from jaxbench.core import program as prog
 
 
@@ -21,6 +22,7 @@ class Measurement:
   final_loss: float
   process_peak_bytes: int | None
   profile_dir: str | None = None  # where the trace of one more window went (jax.profiler)
+  profile: dict | None = None  # that window's GPU time per step (kernel_time.summarize)
 
   @property
   def finite(self) -> bool:
@@ -48,7 +50,8 @@ def measure(
 
   With `profile_dir`, one more window of the same steps runs under jax.profiler.trace after the
   timed ones: a trace of what a timed window runs (TensorBoard's profile plugin or Perfetto read
-  it), kept out of the figures, which the profiler's own work would slow.
+  it), kept out of the figures, which the profiler's own work would slow. Its GPU kernels are
+  summed per step into the measurement's `profile` (kernel_time.py).
 
   The batch is built once on the device and reused; the transfer guard proves
   that the timed loop moves nothing between host and device. Each window ends
@@ -61,6 +64,11 @@ def measure(
     _timed_windows, program, compiled, warmup_steps, per_window, windows, profile_dir
   )
   stats = prog.device_memory()
+  profile = None
+  if profile_dir:
+    profile = kernel_time.summarize(
+      kernel_time.read(profile_dir), traffic.kernels(compiled.executable.as_text()), per_window
+    )
   return Measurement(
     examples=compiled.n,
     warmup_steps=warmup_steps,
@@ -69,6 +77,7 @@ def measure(
     final_loss=loss,
     process_peak_bytes=stats.get('peak_bytes_in_use') if stats else None,
     profile_dir=profile_dir,
+    profile=profile,
   )
 
 

@@ -203,6 +203,7 @@ def _search_and_time(w, opts, cfg, program, result, progress, log) -> dict[str, 
     'compile_s': _compile_s(program),
     'compile_cached': False,
     'profile_dir': None,
+    'profile': None,
   }
   if not m.finite:
     return {**result, 'status': 'invalid', 'error': f'loss not finite after timing: {m.final_loss}'}
