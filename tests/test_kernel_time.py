@@ -139,3 +139,14 @@ def test_the_newest_trace_is_read(tmp_path):
     os.utime(path, (time.time() + i, time.time() + i))
   assert kernel_time.trace_file(str(tmp_path)) == str(new)
   assert len(kernel_time.read(str(tmp_path))) == 2 * len(STEP)
+
+
+def test_a_trace_that_cannot_be_read_loses_nothing_but_its_summary(tmp_path):
+  (tmp_path / 'host.xplane.pb').write_bytes(b'not an XSpace')
+  broken = kernel_time.of_window(str(tmp_path), HLO, steps=3)
+  assert broken['steps'] == 3 and broken['error']
+  assert kernel_time.lines('toy', broken) == [
+    f'  toy: the trace could not be summed: {broken["error"]}'
+  ]
+  fine = kernel_time.of_window(str(tmp_path / 'none'), HLO, steps=3)
+  assert fine['kernels_per_step'] == 0 and 'error' not in fine

@@ -65,6 +65,16 @@ def read(profile_dir: str) -> list[Event]:
   return gpu_kernels(profiler.ProfileData.from_file(path)) if path else []
 
 
+def of_window(profile_dir: str, hlo_text: str, steps: int) -> dict[str, Any]:
+  """summarize() of the newest trace under `profile_dir` against the step's optimized HLO text;
+  what went wrong instead, under 'error', if the trace cannot be read or summed: the trace only
+  explains the timed figures, and a failure to read it must not lose them."""
+  try:
+    return summarize(read(profile_dir), traffic.kernels(hlo_text), steps)
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    return {'steps': steps, 'error': f'{type(e).__name__}: {e}'}
+
+
 def _rows(ms: collections.Counter, count: collections.Counter, steps: int) -> list[dict]:
   return [
     {'group': key, 'kernels': count[key] // steps, 'ms': round(t / steps / 1e6, 4)}
@@ -106,6 +116,8 @@ def summarize(
 def lines(name: str, s: dict[str, Any]) -> list[str]:
   """The summary as a run prints it: the total, then the largest groups by kind and by op with
   their share of the time and the rate at which they moved their bytes."""
+  if 'error' in s:
+    return [f'  {name}: the trace could not be summed: {s["error"]}']
   if not s['kernels_per_step']:
     return [f'  {name}: the trace holds no GPU kernels']
   total = s['kernel_ms_per_step']

@@ -7,7 +7,7 @@ import time
 import jax
 import numpy as np
 
-from jaxbench.core import kernel_time, traffic
+from jaxbench.core import kernel_time
 from jaxbench.core import program as prog
 
 
@@ -66,9 +66,7 @@ def measure(
   stats = prog.device_memory()
   profile = None
   if profile_dir:
-    profile = kernel_time.summarize(
-      kernel_time.read(profile_dir), traffic.kernels(compiled.executable.as_text()), per_window
-    )
+    profile = kernel_time.of_window(profile_dir, compiled.executable.as_text(), per_window)
   return Measurement(
     examples=compiled.n,
     warmup_steps=warmup_steps,
