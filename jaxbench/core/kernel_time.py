@@ -22,7 +22,7 @@ from jaxbench.core import traffic
 
 OTHER = '(not the step)'
 TOP = 8  # rows kept of each grouping
-BY = ('kind', 'op')  # the groupings, traffic.group's
+BY = ('kind', 'op')  # the groupings, traffic.key's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +89,7 @@ def summarize(
   the kernels run, summed over the GPUs of the trace, and the TOP largest groups by kind and by
   JAX operation (the first `depth` parts of its name), each with the bytes traffic.py counts for
   the step's kernels of that group."""
-  keys = {k.name: {by: traffic.group([k], by, depth)[0][0] for by in BY} for k in kernels}
+  keys = {k.name: {by: traffic.key(k, by, depth) for by in BY} for k in kernels}
   moved = {by: {key: b for key, _, b in traffic.group(kernels, by, depth)} for by in BY}
   ms = {by: collections.Counter() for by in BY}
   count = {by: collections.Counter() for by in BY}
@@ -125,7 +125,7 @@ def lines(name: str, s: dict[str, Any]) -> list[str]:
     f'  {name}: the traced window, per step: {total:.2f} ms of GPU kernels, '
     f'{s["kernels_per_step"]} kernels'
   ]
-  for by in ('kind', 'op'):
+  for by in BY:
     out.append(f'    by {by}:')
     for row in s[f'by_{by}']:
       rate = ''

@@ -189,23 +189,29 @@ def _layer_path(op_name: str, depth: int) -> str:
   return '/'.join(parts) or '(no op name)'
 
 
+def key(k: Kernel, by: str, depth: int = 3) -> str:
+  """The row a kernel falls in. `by`: 'kind' (a fusion's kind and the stem of its name, a
+  library call's target, an operation's opcode) or 'op' (the JAX op name's first `depth`
+  parts)."""
+  if by == 'kind':
+    stem = re.sub(r'\.\d+$', '', k.name)
+    row = f'{k.opcode} {k.kind} {stem}' if k.opcode == 'fusion' else f'{k.opcode} {k.kind}'
+  elif by == 'op':
+    row = _layer_path(k.op_name, depth)
+  else:
+    raise ValueError(f'group by kind or op, not {by!r}')
+  return row.strip()
+
+
 def group(ks: list[Kernel], by: str, depth: int = 3) -> list[tuple[str, int, int]]:
-  """(key, kernels, bytes) rows, the largest first. `by`: 'kind' (a fusion's kind and the stem
-  of its name, a library call's target, an operation's opcode) or 'op' (the JAX op name's first
-  `depth` parts)."""
+  """(key, kernels, bytes) rows, the largest first, each kernel in its key()'s row."""
   total: collections.Counter = collections.Counter()
   count: collections.Counter = collections.Counter()
   for k in ks:
-    if by == 'kind':
-      stem = re.sub(r'\.\d+$', '', k.name)
-      key = f'{k.opcode} {k.kind} {stem}' if k.opcode == 'fusion' else f'{k.opcode} {k.kind}'
-    elif by == 'op':
-      key = _layer_path(k.op_name, depth)
-    else:
-      raise ValueError(f'group by kind or op, not {by!r}')
-    total[key.strip()] += k.bytes
-    count[key.strip()] += 1
-  return [(key, count[key], b) for key, b in total.most_common()]
+    row = key(k, by, depth)
+    total[row] += k.bytes
+    count[row] += 1
+  return [(row, count[row], b) for row, b in total.most_common()]
 
 
 def totals(ks: list[Kernel]) -> dict[str, int]:
