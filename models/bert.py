@@ -255,7 +255,7 @@ BERT_BASE = wl.Workload(
     lambda cfg, dtype: BertPretraining(cfg, dtype), make_batch, pretraining_loss, adamw
   ),
   flops_per_example=pretraining_flops,
-  revision=10,
+  revision=11,
 )
 
 
@@ -348,5 +348,5 @@ BERT_SQUAD = wl.Workload(
   check=check_squad,
   trainer=wl.supervised(lambda cfg, dtype: BertSquad(cfg, dtype), squad_batch, squad_loss, adamw),
   flops_per_example=squad_flops,
-  revision=9,
+  revision=10,
 )

@@ -150,6 +150,94 @@ def attention_fn(probs: str, dtype: Any = jnp.float32):
   return _ATTENTION_FN[probs]
 
 
+class _Projection(nn.Module):
+  """The kernel [features, heads, depth] and bias [heads, depth] of one of the query, key and
+  value projections, declared as Flax's DenseGeneral declares them (the same names, shapes,
+  initializers and random draws), for MultiHead to multiply."""
+
+  features: int
+  heads: int
+  depth: int
+
+  @nn.compact
+  def __call__(self):
+    flat = (self.features, self.heads * self.depth)
+    kernel = self.param(
+      'kernel',
+      lambda rng: nn.initializers.lecun_normal()(rng, flat, jnp.float32).reshape(
+        self.features, self.heads, self.depth
+      ),
+    )
+    bias = self.param('bias', lambda rng: jnp.zeros((self.heads, self.depth), jnp.float32))
+    return kernel, bias
+
+
+class MultiHead(nn.Module):
+  """Flax's MultiHeadDotProductAttention, with its parameters, its random draws and its values,
+  computing the projections as one product.
+
+  Flax projects the query, the key and the value with three DenseGenerals, whose [heads, depth]
+  bias XLA's GPU compiler does not fuse into the product: it writes the bias broadcast to the
+  whole projection and passes it to cuBLAS to add (beta = 1), a write and a read of an activation
+  a projection. Here the kernels are joined into one [features, n * heads * depth] matrix and the
+  biases into one vector: a self-attention's query, key and value come from one product with its
+  bias in the product's epilogue, a cross-attention's key and value from another.
+  """
+
+  num_heads: int
+  dropout_rate: float = 0.0
+  broadcast_dropout: bool = True
+  deterministic: bool | None = None
+  dtype: Any = jnp.float32
+  attention_fn: Any = nn.dot_product_attention
+
+  def _project(self, inputs, names):
+    """inputs [..., features] projected by the named projections: one [..., heads, depth] each."""
+    features = inputs.shape[-1]
+    heads, depth = self.num_heads, features // self.num_heads
+    params = [_Projection(features, heads, depth, name=name)() for name in names]
+    kernel = jnp.concatenate([k.reshape(features, heads * depth) for k, _ in params], axis=1)
+    bias = jnp.concatenate([b.reshape(heads * depth) for _, b in params])
+    y = lax.dot_general(
+      inputs.astype(self.dtype),
+      kernel.astype(self.dtype),
+      (((inputs.ndim - 1,), (0,)), ((), ())),
+    )
+    y = (y + bias.astype(self.dtype)).reshape(*inputs.shape[:-1], len(names), heads, depth)
+    return [y[..., i, :, :] for i in range(len(names))]
+
+  @nn.compact
+  def __call__(self, inputs_q, inputs_kv=None, *, mask=None, deterministic=None):
+    """Attention of inputs_q [..., L, features] over inputs_kv [..., S, features] (inputs_q
+    itself when None), as MultiHeadDotProductAttention(inputs_q, inputs_kv, mask=mask)."""
+    features = inputs_q.shape[-1]
+    if features % self.num_heads:
+      raise ValueError(f'{features} features do not split into {self.num_heads} heads')
+    if inputs_kv is None or inputs_kv is inputs_q:
+      query, key, value = self._project(inputs_q, ('query', 'key', 'value'))
+    else:
+      (query,) = self._project(inputs_q, ('query',))
+      key, value = self._project(inputs_kv, ('key', 'value'))
+    dropout_rng = None
+    if self.dropout_rate > 0.0:
+      deterministic = nn.merge_param('deterministic', self.deterministic, deterministic)
+      if not deterministic:
+        dropout_rng = self.make_rng('dropout')
+    else:
+      deterministic = True
+    kwargs = dict(
+      mask=mask,
+      dropout_rng=dropout_rng,
+      dropout_rate=self.dropout_rate,
+      broadcast_dropout=self.broadcast_dropout,
+      deterministic=deterministic,
+      dtype=self.dtype,
+    )
+    named = inspect.signature(self.attention_fn).parameters
+    x = self.attention_fn(query, key, value, **{k: v for k, v in kwargs.items() if k in named})
+    return nn.DenseGeneral(features, axis=(-2, -1), dtype=self.dtype, name='out')(x)
+
+
 def multi_head(
   heads: int,
   dropout: float,
@@ -158,7 +246,7 @@ def multi_head(
   name=None,
   probs: str = 'saved',
 ):
-  """Flax's multi-head dot-product attention with one dropout draw per probability.
+  """Multi-head dot-product attention (MultiHead) with one dropout draw per probability.
 
   BERT (`dropout(attention_probs)` on [B, N, F, T]) and fairseq (`F.dropout` on
   [B*N, T, S]) drop each sequence's and each head's probabilities independently. Flax's
@@ -166,13 +254,12 @@ def multi_head(
   head: a different regulariser, and a mask B*N times smaller in memory. `probs` is one of
   PROBS.
   """
-  attend = attention_fn(probs, dtype)
-  return nn.MultiHeadDotProductAttention(
+  return MultiHead(
     num_heads=heads,
-    dtype=dtype,
     dropout_rate=dropout,
     broadcast_dropout=False,
     deterministic=not train,
-    attention_fn=attend,
+    dtype=dtype,
+    attention_fn=attention_fn(probs, dtype),
     name=name,
   )

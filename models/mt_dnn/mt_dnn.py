@@ -310,5 +310,5 @@ MT_DNN = wl.Workload(
   trainer=trainer,
   flops_per_example=flops_per_example,
   units_per_example=lambda cfg: len(TASKS),
-  revision=9,
+  revision=10,
 )

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import linen as nn
 
 from models.layers import attention
@@ -116,3 +117,47 @@ def test_attention_probs_is_a_config_key_of_the_attention_workloads():
       assert 'must be one of saved, recomputed, fused, auto' in str(e)
     else:
       raise AssertionError(f'{name} took attention_probs=flash')
+
+
+def _flax_and_ours(dtype, probs='saved'):
+  """Flax's MultiHeadDotProductAttention and multi_head's MultiHead, alike in every setting."""
+  ours = attention.multi_head(HEADS, 0.3, True, dtype=dtype, probs=probs)
+  flax_module = nn.MultiHeadDotProductAttention(
+    num_heads=HEADS, dropout_rate=0.3, broadcast_dropout=False, deterministic=False,
+    dtype=dtype, attention_fn=attention.attention_fn(probs, dtype),
+  )  # fmt: skip
+  return flax_module, ours
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize('cross', [False, True])
+def test_multi_head_is_flax_attention_with_its_parameters_values_and_gradients(dtype, cross):
+  """The same parameter tree and initial values from the same key, and the same outputs and
+  gradients (of the parameters and of both inputs) with dropout on, for self-attention (one
+  product for query, key and value) and cross-attention (query apart, key and value together)."""
+  flax_module, ours = _flax_and_ours(dtype)
+  width = HEADS * HEAD_DIM
+  x = jax.random.normal(jax.random.key(0), (BATCH, LENGTH, width))
+  memory = jax.random.normal(jax.random.key(3), (BATCH, LENGTH + 2, width)) if cross else x
+  mask = jnp.tril(jnp.ones((BATCH, 1, LENGTH, memory.shape[1]), bool))
+  want_params = flax_module.init({'params': jax.random.key(1)}, x, memory)['params']
+  got_params = ours.init({'params': jax.random.key(1)}, x, memory)['params']
+  assert jax.tree.structure(got_params) == jax.tree.structure(want_params)
+  for a, b in zip(jax.tree.leaves(want_params), jax.tree.leaves(got_params)):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    np.testing.assert_array_equal(a, b)
+
+  def loss(module, params, x, memory):
+    kv = x if not cross else memory  # the same array for self-attention, as the models pass it
+    out = module.apply({'params': params}, x, kv, mask=mask, rngs={'dropout': jax.random.key(2)})
+    return jnp.sum(jnp.sin(out.astype(jnp.float32)))
+
+  def value_and_grads(module):
+    return jax.value_and_grad(lambda *a: loss(module, *a), argnums=(0, 1, 2))(
+      want_params, x, memory
+    )
+
+  want, got = value_and_grads(flax_module), value_and_grads(ours)
+  tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == jnp.float32 else dict(rtol=0.05, atol=0.05)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), **tolerance)

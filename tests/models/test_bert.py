@@ -6,6 +6,7 @@ import numpy as np
 
 from models import bert, precision
 from models import workload as wl
+from models.layers import attention
 
 
 def _reference_qa_params(vocab=30522, h=768, layers=12, ffn=3072, positions=512, types=2):
@@ -112,9 +113,7 @@ def _attention_modules(model, batch):
   seen = []
 
   def record(next_fun, args, kwargs, context):
-    if isinstance(context.module, nn.MultiHeadDotProductAttention) and context.method_name == (
-      '__call__'
-    ):
+    if isinstance(context.module, attention.MultiHead) and context.method_name == ('__call__'):
       seen.append((context.module.broadcast_dropout, context.module.dropout_rate))
     return next_fun(*args, **kwargs)
 

@@ -9,6 +9,7 @@ import pytest
 
 from models import precision
 from models import workload as wl
+from models.layers import attention
 from models.mt_dnn import mt_dnn
 from tests import tiny as shared
 
@@ -128,7 +129,7 @@ def test_encoder_drops_attention_probabilities_per_sequence_and_head():
   seen = []
 
   def record(next_fun, args, kwargs, context):
-    if isinstance(context.module, nn.MultiHeadDotProductAttention):
+    if isinstance(context.module, attention.MultiHead) and context.method_name == '__call__':
       seen.append((context.module.broadcast_dropout, context.module.dropout_rate))
     return next_fun(*args, **kwargs)
 
