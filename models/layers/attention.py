@@ -51,8 +51,8 @@ def recomputed_attention(
   """nn.dot_product_attention under jax.checkpoint: its backward pass recomputes the scores,
   the probabilities and the dropout mask (from the same key) instead of reading them saved.
 
-  The parameters are named, not **kwargs: Flax's MultiHeadDotProductAttention passes only the
-  keyword arguments that an attention_fn's signature names."""
+  The parameters are named, not **kwargs: MultiHead, as Flax's MultiHeadDotProductAttention,
+  passes only the keyword arguments that an attention_fn's signature names."""
 
   def attend(query, key, value, bias, mask, dropout_rng):
     return nn.dot_product_attention(
@@ -120,8 +120,8 @@ def fused_on_a_gpu_for_long_keys_attention(query, key, value, **kwargs):
   return attend(query, key, value, **kwargs)
 
 
-# Flax's MultiHeadDotProductAttention passes an attention_fn only the keyword arguments its
-# signature names: this one takes those of the function it may call.
+# MultiHead, as Flax's MultiHeadDotProductAttention, passes an attention_fn only the keyword
+# arguments its signature names: this one takes those of the function it may call.
 fused_on_a_gpu_for_long_keys_attention.__signature__ = inspect.signature(fused_on_gpu_attention)
 
 

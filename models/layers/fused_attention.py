@@ -323,7 +323,7 @@ def dot_product_attention(
   (True or nonzero: attend). Dropout draws one decision per batch, head and probability
   (broadcast_dropout=False), decisions_per_hash of them per threefry hash (the module's docstring;
   None: DECISIONS_PER_HASH); the attention bias is not supported. The parameters are named for
-  Flax's MultiHeadDotProductAttention, which passes an attention_fn only the ones it names."""
+  MultiHead (models/layers/attention.py), which passes an attention_fn only the ones it names."""
   del dtype, precision, force_fp32_for_softmax  # the kernels' products and softmax: see Spec
   if bias is not None:
     raise ValueError('fused attention takes a mask, not an additive bias')

@@ -281,7 +281,8 @@ def test_auto_compiled_for_a_cpu_is_the_saved_attention_not_the_interpreted_kern
 
 
 def test_fused_layers_give_the_reference_layers_values_and_gradients():
-  """Through Flax's MultiHeadDotProductAttention, two layers with a causal mask and dropout."""
+  """Two layers with a causal mask and dropout: the reference attention through Flax's
+  MultiHeadDotProductAttention, the fused kernels through MultiHead."""
   from tests.models.test_attention import _layers_loss  # pylint: disable=g-import-not-at-top
 
   reference, params, x = _layers_loss(fused_attention.reference_attention)
