@@ -69,6 +69,7 @@ class BertEncoder(nn.Module):
         dropout=cfg['dropout'],
         attention_dropout=cfg['dropout'],
         attention_probs=cfg['attention_probs'],
+        projections=cfg['projections'],
         dropout_draw=cfg['dropout_draw'],
         activation=gelu,
         ln_eps=LN_EPS,
@@ -197,6 +198,7 @@ BERT_BASE_CONFIG = dict(
   type_vocab=2,
   dropout=0.1,
   attention_probs='auto',  # models/layers/attention.PROBS
+  projections='joined',  # models/layers/attention.PROJECTIONS
   dropout_draw='grouped',  # models/layers/dropout.DRAWS: four keep decisions a hash
   seq_len=128,
   masked=20,
@@ -211,6 +213,7 @@ ENCODER_SPEC = dict(
   dropout=wl.FRACTION,
   warmup=wl.NATURAL,
   attention_probs=wl.Key(choices=attention_layers.PROBS),
+  projections=wl.Key(choices=attention_layers.PROJECTIONS),
   dropout_draw=wl.Key(choices=dropout_layers.DRAWS),
 )
 

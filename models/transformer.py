@@ -46,12 +46,19 @@ class PostLNLayer(nn.Module):
   cross_attention: bool = False
   ln_eps: float = 1e-5
   attention_probs: str = 'saved'  # attention_layers.PROBS
+  projections: str = 'joined'  # attention_layers.PROJECTIONS
   dropout_draw: str = 'bernoulli'  # dropout_layers.DRAWS, of the sub-blocks' dropout
   dtype: Any = jnp.float32
 
   def _attend(self, name, q_in, kv_in, mask, train):
     attention = attention_layers.multi_head(
-      self.heads, self.attention_dropout, train, self.dtype, name=name, probs=self.attention_probs
+      self.heads,
+      self.attention_dropout,
+      train,
+      self.dtype,
+      name=name,
+      probs=self.attention_probs,
+      projections=self.projections,
     )
     return attention(q_in, kv_in, mask=mask)
 
@@ -101,6 +108,7 @@ class TransformerBig(nn.Module):
       ffn=cfg['ffn'],
       dropout=cfg['dropout'],
       attention_probs=cfg['attention_probs'],
+      projections=cfg['projections'],
       dropout_draw=cfg['dropout_draw'],
       dtype=self.dtype,
     )
@@ -226,6 +234,7 @@ TRANSFORMER_BIG = wl.Workload(
     decoder_layers=6,
     dropout=0.3,
     attention_probs='auto',  # models/layers/attention.PROBS: saved under tf32 at 30 tokens
+    projections='joined',  # models/layers/attention.PROJECTIONS
     dropout_draw='grouped',  # models/layers/dropout.DRAWS: four keep decisions a hash
     label_smoothing=0.1,
     lr=1e-3,
@@ -253,6 +262,7 @@ TRANSFORMER_BIG = wl.Workload(
     dropout=wl.FRACTION,
     label_smoothing=wl.FRACTION,
     attention_probs=wl.Key(choices=attention_layers.PROBS),
+    projections=wl.Key(choices=attention_layers.PROJECTIONS),
     dropout_draw=wl.Key(choices=dropout_layers.DRAWS),
   ),
   check=check,

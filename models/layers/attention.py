@@ -27,6 +27,12 @@ from models.layers import fused_attention
 # jax.random.bernoulli's).
 PROBS = ('saved', 'recomputed', 'fused', 'auto')
 
+# How the query, key and value are projected: 'joined', one product for a self-attention's three
+# and one for a cross-attention's key and value, each with its bias in the product (MultiHead);
+# 'flax', Flax's MultiHeadDotProductAttention, three DenseGenerals whose [heads, depth] bias XLA
+# adds apart. The same parameters, random draws and values either way.
+PROJECTIONS = ('joined', 'flax')
+
 # Under TF32 the fused kernels keep a layer's L x L arrays out of memory at the cost of products
 # smaller than cuBLAS's: in the whole step they ran 1.04x the saved attention at BERT's 128 and 384
 # positions, and 0.98x at transformer_big's 30-token sentences (docs/performance.md, "Fused
@@ -245,16 +251,20 @@ def multi_head(
   dtype: Any = jnp.float32,
   name=None,
   probs: str = 'saved',
+  projections: str = 'joined',
 ):
-  """Multi-head dot-product attention (MultiHead) with one dropout draw per probability.
+  """Multi-head dot-product attention with one dropout draw per probability.
 
   BERT (`dropout(attention_probs)` on [B, N, F, T]) and fairseq (`F.dropout` on
   [B*N, T, S]) drop each sequence's and each head's probabilities independently. Flax's
   default (`broadcast_dropout=True`) draws one L x L mask shared by the whole batch and every
   head: a different regulariser, and a mask B*N times smaller in memory. `probs` is one of
-  PROBS.
+  PROBS, `projections` one of PROJECTIONS.
   """
-  return MultiHead(
+  if projections not in PROJECTIONS:
+    raise ValueError(f'projections must be one of {", ".join(PROJECTIONS)}, got {projections!r}')
+  module = MultiHead if projections == 'joined' else nn.MultiHeadDotProductAttention
+  return module(
     num_heads=heads,
     dropout_rate=dropout,
     broadcast_dropout=False,

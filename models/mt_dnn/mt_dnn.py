@@ -278,6 +278,7 @@ MT_DNN_CONFIG = dict(
   type_vocab=2,
   dropout=0.1,
   attention_probs='auto',  # models/layers/attention.PROBS
+  projections='joined',  # models/layers/attention.PROJECTIONS
   dropout_draw='grouped',  # models/layers/dropout.DRAWS, of the encoder; the task heads' Bernoulli
   seq_len=512,
   turns=5,

@@ -129,3 +129,31 @@ def test_encoder_drops_attention_probabilities_per_sequence_and_head():
   batch = bert.make_batch(cfg, jax.random.key(2), 2)
   seen = _attention_modules(bert.BertPretraining(cfg), batch)
   assert seen == [(False, cfg['dropout'])] * cfg['layers']
+
+
+def test_joined_projections_train_as_flax_attention_does():
+  """--set=projections=flax (Flax's MultiHeadDotProductAttention) and the default 'joined'
+  (MultiHead): the same parameters from the same key, and the same loss and gradients of a
+  training step with dropout on (test_attention.py compares the two modules alone)."""
+  joined = bert.BERT_BASE.resolve(tiny=True)
+  flax_form = bert.BERT_BASE.resolve(tiny=True, overrides={'projections': 'flax'})
+  assert joined['projections'] == 'joined' and flax_form['projections'] == 'flax'
+  batch = bert.make_batch(joined, jax.random.key(2), 2)
+
+  def loss_and_grads(cfg):
+    model = bert.BertPretraining(cfg)
+    params = model.init(jax.random.key(0), batch, train=False)
+
+    def loss(params):
+      outputs = model.apply(params, batch, train=True, rngs={'dropout': jax.random.key(1)})
+      return bert.pretraining_loss(cfg, outputs, batch)[0]
+
+    return params, jax.value_and_grad(loss)(params)
+
+  want_params, want = loss_and_grads(flax_form)
+  got_params, got = loss_and_grads(joined)
+  assert jax.tree.structure(got_params) == jax.tree.structure(want_params)
+  for a, b in zip(jax.tree.leaves(want_params), jax.tree.leaves(got_params)):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
