@@ -87,7 +87,7 @@ class Kernel:
   name: str
   opcode: str  # fusion, custom-call, or the unfused operation's
   kind: str  # a fusion's kind (kLoop, kInput, kCustom, ...), a library call's target, or ''
-  read_bytes: int
+  read_bytes: int  # its operands', each array once however many operands it is
   written_bytes: int
   op_name: str  # the JAX operation it came from (its metadata), '' if none
   shifted: int = 0  # elements of its 32-bit shift-lefts (a fusion's, in the computation it runs)
@@ -163,7 +163,7 @@ def kernels(text: str) -> list[Kernel]:
           name=name,
           opcode=opcode,
           kind=(kind.group(1) or kind.group(2)) if kind else '',
-          read_bytes=sum(sizes.get(o, 0) for o in operands),
+          read_bytes=sum(sizes.get(o, 0) for o in dict.fromkeys(operands)),
           written_bytes=sizes[name],
           op_name=op_name.group(1) if op_name else '',
           shifted=shifted + (_elements(shift.group(1)) if shift else 0),

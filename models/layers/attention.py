@@ -131,6 +131,39 @@ def fused_on_a_gpu_for_long_keys_attention(query, key, value, **kwargs):
 fused_on_a_gpu_for_long_keys_attention.__signature__ = inspect.signature(fused_on_gpu_attention)
 
 
+def _unpacked(qkv):
+  """The query, key and value of a packed [..., L, 3, H, D] array."""
+  return qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+
+
+def fused_on_gpu_packed_attention(qkv, **kwargs):
+  """fused_on_gpu_attention of a self-attention's packed query, key and value ([B, L, 3, H, D]):
+  the fused kernels read them from the one array on a CUDA GPU (fused_attention.
+  packed_dot_product_attention); elsewhere nn.dot_product_attention takes them apart."""
+  return lax.platform_dependent(
+    qkv,
+    cuda=lambda qkv: fused_attention.packed_dot_product_attention(qkv, **kwargs),
+    default=lambda qkv: nn.dot_product_attention(*_unpacked(qkv), **kwargs),
+  )
+
+
+def fused_on_a_gpu_for_long_keys_packed_attention(qkv, **kwargs):
+  """fused_on_a_gpu_for_long_keys_attention of a packed [B, L, 3, H, D] self-attention."""
+  if qkv.shape[-4] >= TF32_FUSED_MIN_KEYS:
+    return fused_on_gpu_packed_attention(qkv, **kwargs)
+  return nn.dot_product_attention(*_unpacked(qkv), **kwargs)
+
+
+# The attention functions that read a self-attention's query, key and value packed in one array,
+# as one product computes them (MultiHead): the same values and gradients without the three
+# arrays sliced out of the product's result. The others take them apart.
+_PACKED = {
+  fused_attention.dot_product_attention: fused_attention.packed_dot_product_attention,
+  fused_on_gpu_attention: fused_on_gpu_packed_attention,
+  fused_on_a_gpu_for_long_keys_attention: fused_on_a_gpu_for_long_keys_packed_attention,
+}
+
+
 _ATTENTION_FN = {
   'saved': nn.dot_product_attention,
   'recomputed': recomputed_attention,
@@ -187,7 +220,8 @@ class MultiHead(nn.Module):
   whole projection and passes it to cuBLAS to add (beta = 1), a write and a read of an activation
   a projection. Here the kernels are joined into one [features, n * heads * depth] matrix and the
   biases into one vector: a self-attention's query, key and value come from one product with its
-  bias in the product's epilogue, a cross-attention's key and value from another.
+  bias in the product's epilogue, a cross-attention's key and value from another. The fused
+  attention kernels read a self-attention's three from that product's result as it is (_PACKED).
   """
 
   num_heads: int
@@ -198,7 +232,7 @@ class MultiHead(nn.Module):
   attention_fn: Any = nn.dot_product_attention
 
   def _project(self, inputs, names):
-    """inputs [..., features] projected by the named projections: one [..., heads, depth] each."""
+    """inputs [..., features] projected by the named projections: [..., n, heads, depth]."""
     features = inputs.shape[-1]
     heads, depth = self.num_heads, features // self.num_heads
     params = [_Projection(features, heads, depth, name=name)() for name in names]
@@ -209,8 +243,7 @@ class MultiHead(nn.Module):
       kernel.astype(self.dtype),
       (((inputs.ndim - 1,), (0,)), ((), ())),
     )
-    y = (y + bias.astype(self.dtype)).reshape(*inputs.shape[:-1], len(names), heads, depth)
-    return [y[..., i, :, :] for i in range(len(names))]
+    return (y + bias.astype(self.dtype)).reshape(*inputs.shape[:-1], len(names), heads, depth)
 
   @nn.compact
   def __call__(self, inputs_q, inputs_kv=None, *, mask=None, deterministic=None):
@@ -219,11 +252,14 @@ class MultiHead(nn.Module):
     features = inputs_q.shape[-1]
     if features % self.num_heads:
       raise ValueError(f'{features} features do not split into {self.num_heads} heads')
-    if inputs_kv is None or inputs_kv is inputs_q:
-      query, key, value = self._project(inputs_q, ('query', 'key', 'value'))
+    self_attention = inputs_kv is None or inputs_kv is inputs_q
+    if self_attention:
+      qkv = self._project(inputs_q, ('query', 'key', 'value'))
     else:
-      (query,) = self._project(inputs_q, ('query',))
-      key, value = self._project(inputs_kv, ('key', 'value'))
+      qkv = None
+      query = self._project(inputs_q, ('query',))[..., 0, :, :]
+      kv = self._project(inputs_kv, ('key', 'value'))
+      key, value = kv[..., 0, :, :], kv[..., 1, :, :]
     dropout_rng = None
     if self.dropout_rate > 0.0:
       deterministic = nn.merge_param('deterministic', self.deterministic, deterministic)
@@ -240,7 +276,13 @@ class MultiHead(nn.Module):
       dtype=self.dtype,
     )
     named = inspect.signature(self.attention_fn).parameters
-    x = self.attention_fn(query, key, value, **{k: v for k, v in kwargs.items() if k in named})
+    kwargs = {k: v for k, v in kwargs.items() if k in named}
+    if self_attention and self.attention_fn in _PACKED:
+      x = _PACKED[self.attention_fn](qkv, **kwargs)
+    elif self_attention:
+      x = self.attention_fn(*_unpacked(qkv), **kwargs)
+    else:
+      x = self.attention_fn(query, key, value, **kwargs)
     return nn.DenseGeneral(features, axis=(-2, -1), dtype=self.dtype, name='out')(x)
 
 

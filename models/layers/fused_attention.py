@@ -6,7 +6,9 @@ offers on a GPU draws dropout in float32. Here a forward kernel computes a block
 against every key with the online softmax of FlashAttention (Dao et al. 2022), draws the dropout
 decisions in the kernel and writes only the output, the rows' log-sum-exp and the kept mask (a
 byte per probability); two backward kernels compute dK, dV and dQ from them, recomputing the
-probabilities. The [B, L, H, D] layout of Flax's projections is read and written as it is.
+probabilities. The [B, L, H, D] layout of the projections is read and written as it is, and a
+self-attention's query, key and value can be read from the one [B, L, 3, H, D] array of the
+product that computed them (packed_dot_product_attention).
 
 The dropout decisions come from jax.random's threefry2x32 under the layer's key, one decision per
 probability and independent across sequences and heads, drawn one of two ways
@@ -95,14 +97,16 @@ def _bases(batch: int, spec: Spec):
 # --- the calls: grids over (batch, head, block) on [B, L, H, D] arrays ---
 
 
-def _seq(rows, d):
-  """A [B, L, H, D] array's block: one head's `rows` rows from the grid's block index."""
-  return pl.BlockSpec((None, rows, None, d), lambda b, h, i: (b, i, h, 0))
+def _seq(rows, d, head=0):
+  """A [B, L, H, D] array's block: one head's `rows` rows from the grid's block index. `head`
+  is where the heads start on the third axis: in a packed [B, L, 3H, D] array, the query's at
+  0, the key's at H, the value's at 2H."""
+  return pl.BlockSpec((None, rows, None, d), lambda b, h, i: (b, i, h + head, 0))
 
 
-def _whole_seq(length, d):
-  """A [B, L, H, D] array's block: one head's every row."""
-  return pl.BlockSpec((None, length, None, d), lambda b, h, i: (b, 0, h, 0))
+def _whole_seq(length, d, head=0):
+  """A [B, L, H, D] array's block: one head's every row (`head` as in _seq)."""
+  return pl.BlockSpec((None, length, None, d), lambda b, h, i: (b, 0, h + head, 0))
 
 
 def _mask_spec(mask, rows, cols, by_rows):
@@ -152,15 +156,22 @@ def _on_platform(fn, *args):
   )
 
 
-def _forward(spec: Spec, seed, q, k, v, mask):
-  batch, lq, heads, d = q.shape
-  lk = k.shape[1]
+def _forward(spec: Spec, seed, q, k, v, mask, heads_at=(0, 0, 0)):
+  """heads_at: where q's, k's and v's heads start on their third axis (_seq)."""
+  batch, lq, _, d = q.shape
+  heads, lk = spec.heads, k.shape[1]
+  at_q, at_k, at_v = heads_at
   bq = spec.block_q
   grid = (batch, heads, lq // bq)
-  in_specs = [_seq(bq, d), _whole_seq(lk, d), _whole_seq(lk, d), _mask_spec(mask, bq, lk, True)]
+  in_specs = [
+    _seq(bq, d, at_q),
+    _whole_seq(lk, d, at_k),
+    _whole_seq(lk, d, at_v),
+    _mask_spec(mask, bq, lk, True),
+  ]
   out_specs = [_seq(bq, d), _rows_spec(bq), _rows_spec(bq)]
   rows = jax.ShapeDtypeStruct((batch, heads, lq), jnp.float32)
-  out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype), rows, rows]
+  out_shape = [jax.ShapeDtypeStruct((batch, lq, heads, d), q.dtype), rows, rows]
   args = [q, k, v, mask]
   if spec.dropout:
     hi, lo = _bases(batch, spec)
@@ -179,17 +190,19 @@ def _forward(spec: Spec, seed, q, k, v, mask):
   return outs if spec.dropout else (*outs, None)
 
 
-def _backward(spec: Spec, q, k, v, mask, o, row_max, log_sum, kept, do):
-  batch, lq, heads, d = q.shape
-  lk = k.shape[1]
+def _backward(spec: Spec, q, k, v, mask, o, row_max, log_sum, kept, do, heads_at=(0, 0, 0)):
+  """dQ, dK and dV, [B, L, H, D] each (heads_at as in _forward)."""
+  batch, lq, _, d = q.shape
+  heads, lk = spec.heads, k.shape[1]
+  at_q, at_k, at_v = heads_at
   b = spec.block_bwd
   delta = jnp.einsum('blhd,blhd->bhl', o.astype(jnp.float32), do.astype(jnp.float32))
   common = [q, k, v, do, mask, row_max, log_sum, delta] + ([kept] if spec.dropout else [])
 
   dkdv_specs = [
-    _whole_seq(lq, d),
-    _seq(b, d),
-    _seq(b, d),
+    _whole_seq(lq, d, at_q),
+    _seq(b, d, at_k),
+    _seq(b, d, at_v),
     _whole_seq(lq, d),
     _mask_spec(mask, lq, b, False),
     _all_rows_spec(lq),
@@ -197,9 +210,9 @@ def _backward(spec: Spec, q, k, v, mask, o, row_max, log_sum, kept, do):
     _all_rows_spec(lq),
   ] + ([_keep_spec(lq, b, False)] if spec.dropout else [])
   dq_specs = [
-    _seq(b, d),
-    _whole_seq(lk, d),
-    _whole_seq(lk, d),
+    _seq(b, d, at_q),
+    _whole_seq(lk, d, at_k),
+    _whole_seq(lk, d, at_v),
     _seq(b, d),
     _mask_spec(mask, b, lk, True),
     _rows_spec(b),
@@ -208,9 +221,12 @@ def _backward(spec: Spec, q, k, v, mask, o, row_max, log_sum, kept, do):
   ] + ([_keep_spec(b, lk, True)] if spec.dropout else [])
 
   with_dq = spec.one_key_block(lk)
-  q_grad = jax.ShapeDtypeStruct(q.shape, q.dtype)
+  q_grad = jax.ShapeDtypeStruct((batch, lq, heads, d), q.dtype)
   dkdv_out_specs = [_seq(b, d), _seq(b, d)] + ([_whole_seq(lq, d)] if with_dq else [])
-  dkdv_shapes = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
+  dkdv_shapes = [
+    jax.ShapeDtypeStruct((batch, lk, heads, d), k.dtype),
+    jax.ShapeDtypeStruct((batch, lk, heads, d), v.dtype),
+  ]
   dkdv_shapes += [q_grad] if with_dq else []
   warps, stages = spec.warps_bwd, spec.stages
 
@@ -264,6 +280,30 @@ def _attention_bwd(spec, residuals, do):
 _attention.defvjp(_attention_fwd, _attention_bwd)
 
 
+def _heads_at(spec: Spec):
+  """Where a packed [B, L, 3H, D] array's query, key and value heads start."""
+  return (0, spec.heads, 2 * spec.heads)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _packed_attention(spec, seed, qkv, mask):
+  return _forward(spec, seed, qkv, qkv, qkv, mask, _heads_at(spec))[0]
+
+
+def _packed_attention_fwd(spec, seed, qkv, mask):
+  o, row_max, log_sum, kept = _forward(spec, seed, qkv, qkv, qkv, mask, _heads_at(spec))
+  return o, (qkv, mask, o, row_max, log_sum, kept)
+
+
+def _packed_attention_bwd(spec, residuals, do):
+  qkv, mask, *rest = residuals
+  grads = _backward(spec, qkv, qkv, qkv, mask, *rest, do, heads_at=_heads_at(spec))
+  return None, jnp.concatenate(grads, axis=2), None
+
+
+_packed_attention.defvjp(_packed_attention_fwd, _packed_attention_bwd)
+
+
 def _pad(x, axis, to):
   if x.shape[axis] == to:
     return x
@@ -301,6 +341,64 @@ def reference_attention(
   return jnp.einsum('...hqk,...khd->...qhd', weights, value)
 
 
+def _prepare(
+  batch,
+  lq,
+  lk,
+  heads,
+  d,
+  dtype,
+  mask,
+  bias,
+  broadcast_dropout,
+  dropout_rng,
+  dropout_rate,
+  deterministic,
+  blocks,
+  decisions_per_hash,
+):
+  """The checks, the Spec, the padded lengths (query, key, depth), the mask padded to them and
+  the dropout's seed of one attention call."""
+  if bias is not None:
+    raise ValueError('fused attention takes a mask, not an additive bias')
+  dropout = not deterministic and dropout_rate > 0.0
+  if dropout and broadcast_dropout:
+    raise ValueError('fused attention draws dropout per batch and head (broadcast_dropout=False)')
+  if dropout and str(jax.random.key_impl(dropout_rng)) != 'threefry2x32':
+    raise ValueError('fused attention draws its dropout as the threefry2x32 PRNG does')
+  if decisions_per_hash is None:
+    decisions_per_hash = DECISIONS_PER_HASH
+  if decisions_per_hash not in (1, threefry_bits.GROUP):
+    raise ValueError(f'decisions_per_hash must be 1 or {threefry_bits.GROUP}')
+  if mask is None:
+    mask = jnp.ones((batch, 1, lq, lk), jnp.int8)
+  mask = jnp.broadcast_to(mask, (batch, mask.shape[1], lq, lk)).astype(jnp.int8)
+  tf32 = tf32_products()
+  blocks = {**default_blocks(dtype, lk, tf32), **(blocks or {})}
+  bq, bk = _block(lq, blocks['block_q']), _block(lk, blocks['block_k'])
+  bb = _block(min(lq, lk), blocks['block_bwd'])
+  lq_p, lk_p = _round_up(lq, max(bq, bb)), _round_up(lk, max(bk, bb))
+  d_p = max(16, pl.next_power_of_2(d))
+  spec = Spec(
+    heads=heads,
+    q_len=lq,
+    k_len=lk,
+    keep=_keep(dropout_rate, decisions_per_hash) if dropout else 1.0,
+    scale=1.0 / math.sqrt(d),
+    tf32=tf32,
+    block_q=bq,
+    block_k=bk,
+    block_bwd=bb,
+    warps=blocks['warps'],
+    warps_bwd=blocks['warps_bwd'],
+    stages=blocks['stages'],
+    per_hash=decisions_per_hash,
+  )
+  mask = _pad(_pad(mask, 2, lq_p), 3, lk_p)
+  seed = jax.random.key_data(dropout_rng).astype(jnp.uint32) if dropout else None
+  return spec, (lq_p, lk_p, d_p), mask, seed
+
+
 def dot_product_attention(
   query,
   key,
@@ -325,47 +423,48 @@ def dot_product_attention(
   None: DECISIONS_PER_HASH); the attention bias is not supported. The parameters are named for
   MultiHead (models/layers/attention.py), which passes an attention_fn only the ones it names."""
   del dtype, precision, force_fp32_for_softmax  # the kernels' products and softmax: see Spec
-  if bias is not None:
-    raise ValueError('fused attention takes a mask, not an additive bias')
-  dropout = not deterministic and dropout_rate > 0.0
-  if dropout and broadcast_dropout:
-    raise ValueError('fused attention draws dropout per batch and head (broadcast_dropout=False)')
-  if dropout and str(jax.random.key_impl(dropout_rng)) != 'threefry2x32':
-    raise ValueError('fused attention draws its dropout as the threefry2x32 PRNG does')
-  if decisions_per_hash is None:
-    decisions_per_hash = DECISIONS_PER_HASH
-  if decisions_per_hash not in (1, threefry_bits.GROUP):
-    raise ValueError(f'decisions_per_hash must be 1 or {threefry_bits.GROUP}')
   batch, lq, heads, d = query.shape
   lk = key.shape[1]
-  if mask is None:
-    mask = jnp.ones((batch, 1, lq, lk), jnp.int8)
-  mask = jnp.broadcast_to(mask, (batch, mask.shape[1], lq, lk)).astype(jnp.int8)
-  tf32 = tf32_products()
-  blocks = {**default_blocks(query.dtype, lk, tf32), **(blocks or {})}
-  bq, bk = _block(lq, blocks['block_q']), _block(lk, blocks['block_k'])
-  bb = _block(min(lq, lk), blocks['block_bwd'])
-  lq_p, lk_p = _round_up(lq, max(bq, bb)), _round_up(lk, max(bk, bb))
-  d_p = max(16, pl.next_power_of_2(d))
-  spec = Spec(
-    heads=heads,
-    q_len=lq,
-    k_len=lk,
-    keep=_keep(dropout_rate, decisions_per_hash) if dropout else 1.0,
-    scale=1.0 / math.sqrt(d),
-    tf32=tf32,
-    block_q=bq,
-    block_k=bk,
-    block_bwd=bb,
-    warps=blocks['warps'],
-    warps_bwd=blocks['warps_bwd'],
-    stages=blocks['stages'],
-    per_hash=decisions_per_hash,
-  )
+  spec, (lq_p, lk_p, d_p), mask, seed = _prepare(
+    batch, lq, lk, heads, d, query.dtype, mask, bias, broadcast_dropout, dropout_rng,
+    dropout_rate, deterministic, blocks, decisions_per_hash,
+  )  # fmt: skip
   q = _pad(_pad(query, 1, lq_p), 3, d_p)
   k = _pad(_pad(key, 1, lk_p), 3, d_p)
   v = _pad(_pad(value, 1, lk_p), 3, d_p)
-  mask = _pad(_pad(mask, 2, lq_p), 3, lk_p)
-  seed = jax.random.key_data(dropout_rng).astype(jnp.uint32) if dropout else None
   out = _attention(spec, seed, q, k, v, mask)
   return out[:, :lq, :, :d]
+
+
+def packed_dot_product_attention(
+  qkv,
+  bias=None,
+  mask=None,
+  broadcast_dropout: bool = True,
+  dropout_rng=None,
+  dropout_rate: float = 0.0,
+  deterministic: bool = False,
+  dtype=None,
+  precision=None,
+  force_fp32_for_softmax: bool = False,
+  blocks: dict | None = None,
+  decisions_per_hash: int | None = None,
+):
+  """dot_product_attention of a self-attention's query, key and value packed as one array,
+  qkv [B, L, 3, H, D] (the result of one product, as MultiHead computes them): the kernels read
+  each from the packed array, where three arrays would be sliced out of it first, and the
+  backward pass writes the gradient of the packed array. The same values and gradients as
+  dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]) with the same arguments."""
+  del dtype, precision, force_fp32_for_softmax
+  batch, length, three, heads, d = qkv.shape
+  if three != 3:
+    raise ValueError(f'qkv must be [B, L, 3, H, D], got {qkv.shape}')
+  spec, (lq_p, lk_p, d_p), mask, seed = _prepare(
+    batch, length, length, heads, d, qkv.dtype, mask, bias, broadcast_dropout, dropout_rng,
+    dropout_rate, deterministic, blocks, decisions_per_hash,
+  )  # fmt: skip
+  padded = max(lq_p, lk_p)  # a multiple of every block: they are powers of two
+  mask = _pad(_pad(mask, 2, padded), 3, padded)
+  packed = _pad(_pad(qkv.reshape(batch, length, 3 * heads, d), 1, padded), 3, d_p)
+  out = _packed_attention(spec, seed, packed, mask)
+  return out[:, :length, :, :d]

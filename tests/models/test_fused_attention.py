@@ -160,6 +160,39 @@ def test_values_and_gradients_are_the_reference_with_a_dropout_mask_per_head(
     assert _rel_err(g, w) < 1e-5
 
 
+@pytest.mark.parametrize(
+  'length, blocks, dtype',
+  [
+    (40, SMALL_TILES, jnp.float32),  # padded to 48, three key tiles: dQ in its own kernel
+    (24, None, jnp.float32),  # one key tile: dQ in the dK/dV kernel
+    (30, None, jnp.bfloat16),  # transformer_big's 30 positions, padded to 32
+  ],
+)
+def test_a_packed_query_key_and_value_give_the_three_arrays_values_and_gradients(
+  length, blocks, dtype
+):
+  """packed_dot_product_attention reads [B, L, 3, H, D] as the three arrays it holds: the same
+  output, and the packed array's gradient is their three gradients in place."""
+  batch, heads, d = 2, 2, 8
+  keys = jax.random.split(jax.random.key(length), 2)
+  qkv = jax.random.normal(keys[0], (batch, length, 3, heads, d), dtype)
+  cotangent = jax.random.normal(keys[1], (batch, length, heads, d), dtype)
+  mask = jax.random.bernoulli(jax.random.key(11), 0.8, (batch, 1, length, length))
+  common = dict(mask=mask, dropout_rng=jax.random.key(5), dropout_rate=0.2)
+  common.update(broadcast_dropout=False, blocks=blocks)
+  packed = lambda qkv: fused_attention.packed_dot_product_attention(qkv, **common)
+  apart = lambda qkv: fused_attention.dot_product_attention(
+    qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], **common
+  )
+  with jax.default_matmul_precision('float32'):
+    want_out, want_vjp = jax.vjp(apart, qkv)
+    got_out, got_vjp = jax.vjp(packed, qkv)
+    (want_grad,), (got_grad,) = want_vjp(cotangent), got_vjp(cotangent)
+  assert got_out.shape == want_out.shape and got_grad.shape == qkv.shape
+  np.testing.assert_array_equal(got_out, want_out)
+  np.testing.assert_array_equal(got_grad, want_grad)
+
+
 def test_the_reference_with_a_hash_per_decision_is_flax():
   q, k, v, cotangent = _inputs(3, 2, 12, 12, 2, 8)
   common = dict(dropout_rng=jax.random.key(7), dropout_rate=0.1)
